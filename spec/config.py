@@ -1,0 +1,144 @@
+"""`SpecConfig`: the speculative config, built from the same JSON a user passes to vLLM's `--speculative-config`.
+
+Key names follow vLLM where the concept is the same, so one dict drives the embedded engine and vLLM.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from spec.schedule import BatchSizeSchedule
+
+EMBEDDED_METHODS = ("draft_model", "ngram", "suffix", "custom_class")
+VLLM_ONLY_METHODS = ("eagle", "eagle3", "mtp", "dflash", "dspark", "medusa", "mlp_speculator")
+REJECTION_SAMPLE_METHODS = ("standard", "synthetic", "block")
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+
+
+@dataclass
+class SpecConfig:
+    """Speculative decoding settings.
+
+    method: drafter; the embedded engine runs `draft_model`, `ngram`, `suffix`, `custom_class`; the vLLM-only
+        methods (`eagle`, `eagle3`, `mtp`, `dflash`, `dspark`, ...) are accepted here for the vLLM backend.
+    model: draft model path (`draft_model`, vLLM's drafter methods) or "pkg.module.Class" (`custom_class`).
+    num_speculative_tokens: the most draft tokens per request per step (K), >= 1.
+    num_speculative_tokens_per_batch_size: [[range_start, range_end, K], ...]; K by live batch size
+        (spec/schedule.py has the rules); None: always num_speculative_tokens.
+    enable_adaptive_verification: scale each request's K by the drafter's confidence.
+    rejection_sample_method: `standard` (lossless; the only one the embedded engine runs), `synthetic`, `block`.
+    draft_sample_method: `greedy` (drafts are the draft distribution's argmax) or `probabilistic` (sampled).
+    prompt_lookup_min / prompt_lookup_max: n-gram sizes tried by `ngram`, longest first.
+    suffix_decoding_max_tree_depth: longest substring the suffix trie indexes (and matches).
+    suffix_decoding_max_cached_requests: finished rollouts kept in the global suffix cache (0: none).
+    suffix_decoding_max_spec_factor: drafts per request at most this factor x the match length.
+    suffix_decoding_min_token_prob: stop speculating below this continuation frequency.
+    draft_tensor_parallel_size, max_model_len, parallel_drafting, use_heterogeneous_vocab: passed to vLLM.
+    """
+
+    method: str
+    num_speculative_tokens: int
+    model: str | None = None
+    num_speculative_tokens_per_batch_size: list | None = None
+    enable_adaptive_verification: bool = False
+    rejection_sample_method: str = "standard"
+    draft_sample_method: str = "greedy"
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
+    draft_tensor_parallel_size: int | None = None
+    max_model_len: int | None = None
+    parallel_drafting: bool = False
+    use_heterogeneous_vocab: bool = False
+    schedule: BatchSizeSchedule | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        self._check_choice("method", EMBEDDED_METHODS + VLLM_ONLY_METHODS)
+        self._check_choice("rejection_sample_method", REJECTION_SAMPLE_METHODS)
+        self._check_choice("draft_sample_method", DRAFT_SAMPLE_METHODS)
+        if not _is_int(self.num_speculative_tokens) or self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens!r}: must be an integer >= 1; "
+                             "to turn speculation off at some batch sizes use num_speculative_tokens_per_batch_size"
+                             " with K=0, or pass no speculative config at all")
+        if self.method not in ("ngram", "suffix") and not self.model:
+            fix = '"pkg.module.Class"' if self.method == "custom_class" else "a path to the draft model"
+            raise ValueError(f"model={self.model!r}: method {self.method!r} needs a model; set model to {fix}")
+        self._check_prompt_lookup()
+        self._check_suffix()
+        if self.num_speculative_tokens_per_batch_size is not None:
+            self.schedule = BatchSizeSchedule(self.num_speculative_tokens_per_batch_size,
+                                              self.num_speculative_tokens)
+
+    def _check_choice(self, name: str, choices: tuple) -> None:
+        value = getattr(self, name)
+        if value not in choices:
+            raise ValueError(f"{name}={value!r} is not supported; choose one of {list(choices)}")
+
+    def _check_prompt_lookup(self) -> None:
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be an integer >= 1")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min={self.prompt_lookup_min} > prompt_lookup_max="
+                             f"{self.prompt_lookup_max}: set prompt_lookup_min <= prompt_lookup_max")
+
+    def _check_suffix(self) -> None:
+        if not _is_int(self.suffix_decoding_max_tree_depth) or self.suffix_decoding_max_tree_depth < 2:
+            raise ValueError(f"suffix_decoding_max_tree_depth={self.suffix_decoding_max_tree_depth!r}: "
+                             "must be an integer >= 2")
+        if not _is_int(self.suffix_decoding_max_cached_requests) or self.suffix_decoding_max_cached_requests < 0:
+            raise ValueError(f"suffix_decoding_max_cached_requests={self.suffix_decoding_max_cached_requests!r}: "
+                             "must be an integer >= 0 (0 disables the global cache)")
+        if not self.suffix_decoding_max_spec_factor > 0:
+            raise ValueError(f"suffix_decoding_max_spec_factor={self.suffix_decoding_max_spec_factor!r}: "
+                             "must be > 0")
+        if not 0 <= self.suffix_decoding_min_token_prob <= 1:
+            raise ValueError(f"suffix_decoding_min_token_prob={self.suffix_decoding_min_token_prob!r}: "
+                             "must be in [0, 1]")
+
+    @classmethod
+    def from_dict(cls, config: dict) -> "SpecConfig":
+        """Build from a vLLM-style dict; an unknown key is a ValueError listing the valid keys."""
+        if not isinstance(config, dict):
+            raise ValueError(f"speculative_config={config!r}: expected a dict like "
+                             '{"method": "ngram", "num_speculative_tokens": 4}')
+        unknown = sorted(set(config) - set(cls.keys()))
+        if unknown:
+            raise ValueError(f"speculative_config has unknown key(s) {unknown}; valid keys: {cls.keys()}")
+        for required in ("method", "num_speculative_tokens"):
+            if required not in config:
+                raise ValueError(f"speculative_config is missing {required!r}; e.g. "
+                                 '{"method": "ngram", "num_speculative_tokens": 4}')
+        return cls(**config)
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.init]
+
+    def to_dict(self) -> dict:
+        """Every key with its value, as JSON-ready data that from_dict (and vLLM) accepts."""
+        return {name: getattr(self, name) for name in self.keys()}
+
+    def check_embedded(self) -> None:
+        """NotImplementedError when this config needs vLLM rather than the embedded engine."""
+        if self.method not in EMBEDDED_METHODS:
+            raise NotImplementedError(
+                f"method={self.method!r} runs only on vLLM; use RolloutGenerator(..., backend=\"vllm\") "
+                f"(pip install '.[vllm]'), or pick one of {list(EMBEDDED_METHODS)} for the embedded engine")
+        if self.rejection_sample_method != "standard":
+            raise NotImplementedError(
+                f"rejection_sample_method={self.rejection_sample_method!r} runs only on vLLM; the embedded "
+                "engine verifies losslessly with 'standard' (use backend=\"vllm\" for the others)")
+
+    def k_for_batch_size(self, batch_size: int) -> int:
+        """K for a step with `batch_size` running requests (num_speculative_tokens without a schedule)."""
+        if self.schedule is None:
+            return self.num_speculative_tokens
+        return self.schedule.k_for_batch_size(batch_size)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+

@@ -1,0 +1,212 @@
+"""The ragged model runner: one forward over flattened tokens of many rows, each with its own KV cache slot.
+
+Used by the target's verification (sum(k_i + 1) tokens, not num_reqs x (k_max + 1)) and by the draft-model
+drafter. Terms:
+
+- row: one sequence in a call, living in a cache slot; its *new tokens* are appended at positions
+  seq_len(slot) ..; the row's cached keys are positions 0 .. seq_len(slot) + num_new - 1.
+- flattened tokens: the new tokens of all rows, row-major, [num_tokens]; `cu_*` offsets index into them.
+
+The linear layers, norms and MLP run on [num_tokens, hidden], so their cost follows the number of new tokens.
+Attention pads only the queries per row, [num_rows, heads, max_new, head_dim], against keys gathered from
+the row's slot up to its own length, with a float mask (causal within the new tokens).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from spec.kv_cache import KVCache
+from spec.padded_runner import PaddedRunner, check_forward_args, prepare_model, resolve_device_dtype
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+
+
+def check_supported(model, max_model_len: int) -> None:
+    """NotImplementedError unless RaggedRunner computes exactly what the HF model computes."""
+    name = type(model).__name__
+    if name not in SUPPORTED_ARCHITECTURES:
+        raise NotImplementedError(f"RaggedRunner supports {SUPPORTED_ARCHITECTURES}, not {name}; "
+                                  "use PaddedRunner (or build_runner, which picks it)")
+    config = model.config
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or ["sliding_attention"]
+    if window is not None and window < max_model_len and "sliding_attention" in layer_types:
+        raise NotImplementedError(f"{name} has an active sliding window ({window} < max_model_len="
+                                  f"{max_model_len}); RaggedRunner attends to the full context")
+    rope_type = model.model.rotary_emb.rope_type
+    if not isinstance(rope_type, str) or "dynamic" in rope_type or rope_type == "longrope":
+        raise NotImplementedError(f"{name} uses rope_type={rope_type!r}, whose frequencies depend on the "
+                                  "sequence length; RaggedRunner precomputes a fixed cos/sin table")
+
+
+def is_supported(model, max_model_len: int) -> bool:
+    try:
+        check_supported(model, max_model_len)
+    except NotImplementedError:
+        return False
+    return True
+
+
+@dataclass
+class _Batch:
+    """Index tensors of one call, built once and shared by every layer."""
+
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens] position of each new token in its row
+    token_slots: torch.Tensor  # [num_tokens] slot of each new token
+    slots: torch.Tensor | slice  # [num_rows] slot of each row; a slice when contiguous and ascending (no gather)
+    logit_index: torch.Tensor  # [sum(num_logits)] flattened tokens that get logits
+    pad_index: torch.Tensor | None  # [num_tokens] place in [num_rows * max_new]; None when no row is padded
+    mask: torch.Tensor | None  # [num_rows, 1, max_new, max_len] 0 / -inf; None when nothing is masked
+    num_rows: int
+    max_new: int
+    max_len: int
+
+
+def _build_batch(slots, token_ids, num_logits, starts, device, dtype) -> _Batch:
+    num_rows, num_new = len(slots), [len(t) for t in token_ids]
+    max_new = max(num_new)
+    lens = [s + n for s, n in zip(starts, num_new)]
+    flat_ids, positions, token_slots, pad_index, logit_index = [], [], [], [], []
+    cu_tokens = 0
+    for i, (slot, ids, start, n, k) in enumerate(zip(slots, token_ids, starts, num_new, num_logits)):
+        flat_ids += ids
+        positions += range(start, start + n)
+        token_slots += [slot] * n
+        pad_index += range(i * max_new, i * max_new + n)
+        logit_index += range(cu_tokens + n - k, cu_tokens + n)
+        cu_tokens += n
+    packed = torch.tensor(flat_ids + positions + token_slots + pad_index + logit_index + slots + starts + lens,
+                          dtype=torch.long).to(device)  # one host -> device copy
+    parts = packed.split([cu_tokens] * 4 + [len(logit_index)] + [num_rows] * 3)
+    is_contiguous = slots == list(range(slots[0], slots[0] + num_rows))
+    needs_mask = max_new > 1 or min(lens) < max(lens)
+    return _Batch(input_ids=parts[0], positions=parts[1], token_slots=parts[2],
+                  slots=slice(slots[0], slots[0] + num_rows) if is_contiguous else parts[5],
+                  logit_index=parts[4], pad_index=None if min(num_new) == max_new else parts[3],
+                  mask=_attention_mask(parts[6], parts[7], max_new, max(lens), dtype) if needs_mask else None,
+                  num_rows=num_rows, max_new=max_new, max_len=max(lens))
+
+
+def _attention_mask(starts, lens, max_new: int, max_len: int, dtype) -> torch.Tensor:
+    """0 where query j of a row (position start + j) may attend key position p: p <= start + j, p < len.
+
+    Padding queries (j >= num_new) attend like the row's last new token, so no query row is all -inf (NaN).
+    """
+    steps = torch.arange(max_new, device=starts.device)
+    query_pos = torch.minimum(starts[:, None] + steps, lens[:, None] - 1)  # [num_rows, max_new]
+    key_pos = torch.arange(max_len, device=starts.device)
+    allowed = key_pos[None, None, :] <= query_pos[:, :, None]  # [num_rows, max_new, max_len]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=starts.device).masked_fill_(~allowed, float("-inf"))
+    return mask[:, None]
+
+
+class RaggedRunner:
+    """Ragged forward for Llama-family HF causal LMs, reusing the HF module's weights and submodules.
+
+    The model is used as is when already on `device` in `dtype` (weights shared, so in-place weight updates
+    are seen by the next forward); otherwise the runner works on a converted copy. Its train/eval mode is
+    irrelevant: the runner's own forward has no dropout.
+    """
+
+    def __init__(self, model, max_num_seqs: int, max_model_len: int, device=None, dtype=None):
+        check_supported(model, max_model_len)
+        self.device, self.dtype = resolve_device_dtype(model, device, dtype)
+        self.model = prepare_model(model, self.device, self.dtype)
+        attn = self.model.model.layers[0].self_attn
+        self.layers = list(self.model.model.layers)
+        self.head_dim, self.scaling = attn.head_dim, attn.scaling
+        self.has_qk_norm = hasattr(attn, "q_norm")
+        config = self.model.config
+        self.is_gqa = config.num_key_value_heads != config.num_attention_heads
+        self.cache = KVCache(len(self.layers), max_num_seqs, config.num_key_value_heads, max_model_len,
+                             self.head_dim, dtype=self.dtype, device=self.device)
+        self.cos, self.sin = self._rope_tables(max_model_len)  # [max_model_len, head_dim] each
+
+    @torch.inference_mode()
+    def _rope_tables(self, max_model_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of every position, from the model's own rotary embedding; sin's first half negated so
+        that rotate_half(x) * sin == cat(x2, x1) * signed_sin."""
+        positions = torch.arange(max_model_len, device=self.device)[None]
+        probe = torch.zeros(1, dtype=self.dtype, device=self.device)
+        cos, sin = self.model.model.rotary_emb(probe, positions)  # [1, max_model_len, head_dim]
+        half = self.head_dim // 2
+        signed_sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+        return cos[0].clone(), signed_sin
+
+    # Slot management, delegated to the cache.
+    @property
+    def num_free_slots(self) -> int:
+        return self.cache.num_free_slots
+
+    def allocate(self) -> int:
+        return self.cache.allocate()
+
+    def free(self, slot: int) -> None:
+        self.cache.free(slot)
+
+    def seq_len(self, slot: int) -> int:
+        return self.cache.seq_len(slot)
+
+    def crop(self, slot: int, length: int) -> None:
+        self.cache.crop(slot, length)
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        self.cache.copy_prefix(src, dst, length)
+
+    @torch.inference_mode()
+    def forward(self, slots: list[int], token_ids: list[list[int]], num_logits: list[int]) -> torch.Tensor:
+        """Append token_ids[i] to slot i; float32 logits [sum(num_logits), vocab] of each row's last
+        num_logits[i] new tokens, row-major."""
+        check_forward_args(slots, token_ids, num_logits)
+        num_new = [len(t) for t in token_ids]
+        starts = self.cache.start_positions(slots, num_new)
+        batch = _build_batch(list(slots), token_ids, num_logits, starts, self.device, self.dtype)
+        cos, sin = self.cos[batch.positions][:, None], self.sin[batch.positions][:, None]  # [num_tokens, 1, hd]
+        hidden = self.model.model.embed_tokens(batch.input_ids)  # [num_tokens, hidden]
+        for i, layer in enumerate(self.layers):
+            hidden = self._layer(i, layer, hidden, batch, cos, sin)
+        self.cache.advance(slots, num_new)
+        hidden = self.model.model.norm(hidden[batch.logit_index])  # [sum(num_logits), hidden]
+        return self.model.lm_head(hidden).float()
+
+    def _layer(self, i: int, layer, hidden, batch: _Batch, cos, sin) -> torch.Tensor:
+        attn = layer.self_attn
+        x = layer.input_layernorm(hidden)
+        q = attn.q_proj(x).unflatten(-1, (-1, self.head_dim))  # [num_tokens, num_heads, head_dim]
+        k = attn.k_proj(x).unflatten(-1, (-1, self.head_dim))  # [num_tokens, num_kv_heads, head_dim]
+        v = attn.v_proj(x).unflatten(-1, (-1, self.head_dim))
+        if self.has_qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        self.cache.write(i, batch.token_slots, batch.positions, k, v)
+        hidden = hidden + attn.o_proj(self._attend(i, q, batch))
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+    def _attend(self, i: int, q: torch.Tensor, batch: _Batch) -> torch.Tensor:
+        """q [num_tokens, num_heads, head_dim] against each row's cached keys -> [num_tokens, num_heads * hd]."""
+        rows, max_new = batch.num_rows, batch.max_new
+        if batch.pad_index is not None:
+            padded = q.new_zeros(rows * max_new, *q.shape[1:])
+            q = padded.index_copy_(0, batch.pad_index, q)
+        q = q.view(rows, max_new, *q.shape[1:]).transpose(1, 2)  # [num_rows, num_heads, max_new, head_dim]
+        keys = self.cache.keys[i, batch.slots, :, :batch.max_len]  # [num_rows, num_kv_heads, max_len, head_dim]
+        values = self.cache.values[i, batch.slots, :, :batch.max_len]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, scale=self.scaling,
+                                             enable_gqa=self.is_gqa)  # [num_rows, num_heads, max_new, head_dim]
+        out = out.transpose(1, 2).reshape(rows * max_new, -1)
+        return out if batch.pad_index is None else out[batch.pad_index]
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, with rotate_half(x) * sin == cat(x2, x1) * signed_sin."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((x2, x1), dim=-1) * signed_sin
+
+
+def build_runner(model, max_num_seqs: int, max_model_len: int, device=None, dtype=None):
+    """RaggedRunner when the architecture is supported, else the padded HF-forward fallback."""
+    runner_cls = RaggedRunner if is_supported(model, max_model_len) else PaddedRunner
+    return runner_cls(model, max_num_seqs, max_model_len, device=device, dtype=dtype)

@@ -1,0 +1,79 @@
+"""The drafter protocol: what every proposer (draft model, n-gram, suffix, custom class) takes and returns.
+
+Vocabulary (as in vLLM's spec decode): a proposer offers *draft tokens*; verification *accepts* a prefix of
+them, then emits one more token: a *recovered* token (resampled at the first rejected position) or, when every
+draft was accepted, a *bonus* token. A proposer's whole view of a request is its committed `token_ids`
+(prompt + output so far): rejected drafts never appear there, so a stateful proposer rolls back by comparing
+what it has cached with `token_ids` at the next call.
+"""
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass
+class DraftRequest:
+    """One running request as a proposer sees it."""
+
+    req_id: int  # unique for the request's lifetime
+    group_id: int  # the prompt it samples; siblings (same prompt) share it
+    token_ids: list[int]  # prompt + committed output
+    num_prompt_tokens: int
+    temperature: float = 0.0  # sampling settings, for drafters that sample from a processed q
+    top_k: int = -1
+    top_p: float = 1.0
+    generator: torch.Generator | None = None  # the request's own seeded generator
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+
+@dataclass
+class Proposal:
+    """Drafts for a batch of requests, in request order.
+
+    token_ids[i]: up to max_num_tokens[i] draft tokens for request i (fewer or none allowed).
+    confidence[i]: one value in [0, 1] per draft: the drafter's estimate that this draft is accepted given
+        that the drafts before it were (draft-model probability, match frequency, ...).
+    draft_probs: None when drafts are point proposals (q is one-hot at the draft token); otherwise, per
+        request, the processed draft distribution each draft was sampled from, [len(token_ids[i]), vocab].
+    """
+
+    token_ids: list[list[int]]
+    confidence: list[list[float]]
+    draft_probs: list[torch.Tensor] | None = None
+
+    @property
+    def num_draft_tokens(self) -> list[int]:
+        return [len(t) for t in self.token_ids]
+
+    def validate(self, max_num_tokens: Sequence[int], source: str) -> None:
+        """ValueError naming `source` when the proposal breaks the protocol."""
+        if len(self.token_ids) != len(max_num_tokens) or len(self.confidence) != len(max_num_tokens):
+            raise ValueError(f"{source}: proposal has {len(self.token_ids)} token lists and {len(self.confidence)} "
+                             f"confidence lists for {len(max_num_tokens)} requests; return one of each per request")
+        for i, (tokens, conf, k) in enumerate(zip(self.token_ids, self.confidence, max_num_tokens)):
+            if len(tokens) > k or len(conf) != len(tokens):
+                raise ValueError(f"{source}: request {i} got {len(tokens)} drafts and {len(conf)} confidences "
+                                 f"with at most {k} allowed; return at most k drafts and one confidence per draft")
+            bad = [c for c in conf if not 0.0 <= c <= 1.0]
+            if bad:
+                raise ValueError(f"{source}: confidence {bad[0]!r} of request {i} is outside [0, 1]; "
+                                 "return acceptance-probability estimates in [0, 1]")
+        if self.draft_probs is not None and any(
+                p.shape[0] != len(t) for p, t in zip(self.draft_probs, self.token_ids)):
+            raise ValueError(f"{source}: draft_probs must have one row per draft token of each request")
+
+
+class Proposer(Protocol):
+    """What the engine calls. `max_num_tokens[i]` caps the drafts of requests[i] this step (0 allowed)."""
+
+    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
+        ...
+
+    def finish(self, request: DraftRequest) -> None:
+        """The request is done (its token_ids are final): free its state, learn from its output."""
+        ...

@@ -1,0 +1,133 @@
+"""Suffix decoding (vLLM's `method: "suffix"`; Oliaro et al. 2024, arXiv 2411.04975), adapted to RL rollouts.
+
+Two sources of drafts, both count-annotated suffix tries (spec/proposers/suffix_tree.py):
+- a group trie per prompt (request.group_id): each request of the group is one sequence there (its prompt and
+  committed output), brought up to date at every propose(). A request matches its own prompt and output and the
+  outputs of its sibling completions, including siblings that already finished. Freed when the group's last
+  member finishes.
+- a global trie of the outputs of the last max_cached_requests finished requests, evicted first in, first out.
+
+Per request, with k = max_num_tokens[i]: each trie speculates from the longest suffix of token_ids it holds
+(match_length), capped at min(k, ceil(max_spec_factor * match_length)) drafts; confidence[j] is the conditional
+frequency of draft j in that trie. The proposal with the higher score (sum of confidences) wins; ties go to the
+group trie.
+"""
+
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from spec.proposers.base import DraftRequest, Proposal
+from spec.proposers.suffix_tree import SuffixTree
+
+
+@dataclass
+class _Group:
+    trie: SuffixTree
+    live_req_ids: set[int] = field(default_factory=set)  # seen and not finished
+
+
+class SuffixProposer:
+    """Model-free drafter; point proposals (draft_probs=None). Arguments are vLLM's `suffix_decoding_*` keys."""
+
+    def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
+                 min_token_prob: float = 0.1):
+        _check_config(max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob)
+        self.max_tree_depth = max_tree_depth
+        self.max_cached_requests = max_cached_requests
+        self.max_spec_factor = max_spec_factor
+        self.min_token_prob = min_token_prob
+        self._groups: dict[int, _Group] = {}
+        self._global_trie = SuffixTree(max_tree_depth)
+        self._cached_seq_ids: deque[int] = deque()  # global trie sequences, oldest first
+        self._next_seq_ids = itertools.count()
+
+    @property
+    def num_groups(self) -> int:
+        return len(self._groups)
+
+    @property
+    def num_cached_requests(self) -> int:
+        return len(self._cached_seq_ids)
+
+    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
+        if len(requests) != len(max_num_tokens):
+            raise ValueError(f"got {len(requests)} requests and {len(max_num_tokens)} max_num_tokens; "
+                             "pass one cap per request")
+        for request in requests:  # every trie is current before any request reads it
+            self._sync(request)
+        token_ids, confidence = [], []
+        for request, k in zip(requests, max_num_tokens):
+            drafts, conf = self._propose_one(request, k)
+            token_ids.append(drafts)
+            confidence.append(conf)
+        return Proposal(token_ids=token_ids, confidence=confidence, draft_probs=None)
+
+    def finish(self, request: DraftRequest) -> None:
+        group = self._groups.get(request.group_id)
+        if group is not None and request.req_id in group.live_req_ids:
+            group.live_req_ids.discard(request.req_id)
+            if group.live_req_ids:
+                self._extend(group.trie, request)  # the last tokens, for the siblings still running
+            else:
+                del self._groups[request.group_id]
+        self._cache_output(request.output_token_ids)
+
+    def _sync(self, request: DraftRequest) -> None:
+        group = self._groups.get(request.group_id)
+        if group is None:
+            group = self._groups[request.group_id] = _Group(SuffixTree(self.max_tree_depth))
+        group.live_req_ids.add(request.req_id)
+        self._extend(group.trie, request)
+
+    def _extend(self, trie: SuffixTree, request: DraftRequest) -> None:
+        """Insert the tokens of request.token_ids that its sequence in trie does not have yet."""
+        if request.req_id not in trie:
+            trie.add(request.req_id)
+        inserted = trie.sequence(request.req_id)
+        if list(request.token_ids[:len(inserted)]) != inserted:
+            raise ValueError(f"request {request.req_id}: token_ids no longer start with the {len(inserted)} tokens "
+                             "seen at earlier calls; pass committed tokens only (they may only grow), and give a "
+                             "new request a new req_id")
+        trie.extend(request.req_id, request.token_ids[len(inserted):])
+
+    def _propose_one(self, request: DraftRequest, k: int) -> tuple[list[int], list[float]]:
+        if k <= 0:
+            return [], []
+        best = self._speculate(self._groups[request.group_id].trie, request.token_ids, k)
+        if self._global_trie.num_seqs:
+            other = self._speculate(self._global_trie, request.token_ids, k)
+            if sum(other[1]) > sum(best[1]):
+                best = other
+        return best
+
+    def _speculate(self, trie: SuffixTree, context: list[int], k: int) -> tuple[list[int], list[float]]:
+        drafts, probs, match_length = trie.match(context, k, self.min_token_prob)
+        # the epsilon keeps float error (0.1 * 30 = 3.0000000000000004) from adding a draft
+        num_allowed = min(k, math.ceil(self.max_spec_factor * match_length - 1e-9))
+        return drafts[:num_allowed], probs[:num_allowed]
+
+    def _cache_output(self, output_token_ids: list[int]) -> None:
+        if self.max_cached_requests == 0:
+            return
+        seq_id = next(self._next_seq_ids)
+        self._global_trie.add(seq_id, output_token_ids)
+        self._cached_seq_ids.append(seq_id)
+        if len(self._cached_seq_ids) > self.max_cached_requests:
+            self._global_trie.remove(self._cached_seq_ids.popleft())
+
+
+def _check_config(max_tree_depth: int, max_cached_requests: int, max_spec_factor: float,
+                  min_token_prob: float) -> None:
+    if max_tree_depth < 2:
+        raise ValueError(f"suffix_decoding_max_tree_depth={max_tree_depth} must be >= 2 (vLLM's default is 24)")
+    if max_cached_requests < 0:
+        raise ValueError(f"suffix_decoding_max_cached_requests={max_cached_requests} must be >= 0 "
+                         "(0 disables the global cache of finished outputs)")
+    if max_spec_factor < 0:
+        raise ValueError(f"suffix_decoding_max_spec_factor={max_spec_factor} must be >= 0 (vLLM's default is 1.0)")
+    if not 0.0 <= min_token_prob <= 1.0:
+        raise ValueError(f"suffix_decoding_min_token_prob={min_token_prob} must be in [0, 1] "
+                         "(vLLM's default is 0.1)")

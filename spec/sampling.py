@@ -1,0 +1,81 @@
+"""Processed sampling distributions, shared by drafters, verification and the trainer-facing logprobs.
+
+"Processed" means temperature, then top-k, then top-p, applied to raw logits in that order (vLLM's order).
+Drafter (q) and target (p) distributions go through this one function so that verification compares like
+with like, and the logprobs handed to trainers are those of the distribution the tokens were sampled from.
+
+Temperature 0 means greedy: the emitted token is the argmax, and its reported logprob is taken from the
+unscaled distribution (temperature 1, top-k/top-p still applied), as vLLM reports it.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingTensors:
+    """Per-request sampling settings as tensors, one entry per request.
+
+    temperature: [num_reqs] float, 0 = greedy.
+    top_k: [num_reqs] long, -1 = off.
+    top_p: [num_reqs] float in (0, 1], 1 = off.
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+    @classmethod
+    def build(cls, temperature, top_k=None, top_p=None, device=None) -> "SamplingTensors":
+        """From per-request lists (or one value per request); top_k/top_p default to off."""
+        temperature = torch.as_tensor(temperature, dtype=torch.float32, device=device).reshape(-1)
+        n = temperature.numel()
+        top_k = torch.full((n,), -1) if top_k is None else torch.as_tensor(top_k)
+        top_p = torch.ones(n) if top_p is None else torch.as_tensor(top_p, dtype=torch.float32)
+        return cls(temperature, top_k.to(device=device, dtype=torch.long).reshape(-1),
+                   top_p.to(device=device, dtype=torch.float32).reshape(-1))
+
+    @property
+    def is_greedy(self) -> torch.Tensor:
+        return self.temperature == 0
+
+    def repeat_interleave(self, repeats: torch.Tensor) -> "SamplingTensors":
+        """Expand per-request settings to per-position settings ([sum(repeats)])."""
+        return SamplingTensors(self.temperature.repeat_interleave(repeats),
+                               self.top_k.repeat_interleave(repeats), self.top_p.repeat_interleave(repeats))
+
+    def select(self, index) -> "SamplingTensors":
+        return SamplingTensors(self.temperature[index], self.top_k[index], self.top_p[index])
+
+
+def processed_logprobs(logits: torch.Tensor, sampling: SamplingTensors) -> torch.Tensor:
+    """Log-probabilities of the processed distribution, -inf outside the top-k/top-p support.
+
+    logits: [n, vocab], one row per position; sampling holds one entry per row. Returns float32 [n, vocab].
+    """
+    temperature = torch.where(sampling.temperature > 0, sampling.temperature, torch.ones_like(sampling.temperature))
+    logits = logits.float() / temperature[:, None]
+    vocab_size = logits.shape[-1]
+    use_top_k = (sampling.top_k > 0) & (sampling.top_k < vocab_size)
+    use_top_p = sampling.top_p < 1
+    if bool(use_top_k.any()) or bool(use_top_p.any()):
+        logits = logits.masked_fill(_top_k_top_p_mask(logits, sampling.top_k, sampling.top_p), float("-inf"))
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _top_k_top_p_mask(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """True where a token falls outside the top-k, then outside the smallest top-p nucleus of what is left."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(logits.shape[-1], device=logits.device)
+    k = torch.where(top_k > 0, top_k, logits.shape[-1])
+    drop_sorted = ranks[None, :] >= k[:, None]  # [n, vocab]
+    probs_sorted = torch.softmax(sorted_logits.masked_fill(drop_sorted, float("-inf")), dim=-1)
+    mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted
+    drop_sorted |= mass_before >= top_p[:, None]  # keeps the first token always: its mass_before is 0
+    return torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token id drawn from probs ([vocab], need not be normalised) with the given generator."""
+    return int(torch.multinomial(probs, 1, generator=generator))

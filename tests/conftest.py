@@ -1,0 +1,23 @@
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def tiny_llama(seed: int, vocab_size: int = 48, num_layers: int = 2, eos_token_id=1, max_len: int = 64):
+    """A random tiny Llama. initializer_range 0.3 makes its next-token distributions peaked, so greedy argmaxes
+    have margins far above float32 noise and token-for-token comparisons are meaningful."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_len,
+                         initializer_range=0.3, eos_token_id=eos_token_id, bos_token_id=None, pad_token_id=None)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def target():
+    return tiny_llama(0)
+
+
+@pytest.fixture(scope="session")
+def draft():
+    return tiny_llama(1, num_layers=1)

@@ -1,0 +1,83 @@
+import json
+
+import pytest
+
+from spec import SpecConfig
+
+VLLM_STYLE = {
+    "method": "draft_model",
+    "model": "/models/draft",
+    "num_speculative_tokens": 5,
+    "num_speculative_tokens_per_batch_size": [[1, 4, 5], [5, 32, 2], [33, 256, 0]],
+    "draft_tensor_parallel_size": 1,
+    "rejection_sample_method": "standard",
+}
+
+
+def test_round_trip_with_vllm_style_json():
+    config = SpecConfig.from_dict(json.loads(json.dumps(VLLM_STYLE)))
+    out = config.to_dict()
+    assert {k: out[k] for k in VLLM_STYLE} == VLLM_STYLE
+    assert SpecConfig.from_dict(json.loads(json.dumps(out))) == config
+    assert config.k_for_batch_size(3) == 5 and config.k_for_batch_size(20) == 2 and config.k_for_batch_size(300) == 0
+
+
+def test_without_schedule_k_is_num_speculative_tokens():
+    config = SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
+    assert [config.k_for_batch_size(b) for b in (1, 64, 4096)] == [3, 3, 3]
+
+
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(ValueError, match="unknown key") as info:
+        SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, "num_spec_tokens": 4})
+    assert "num_spec_tokens" in str(info.value) and "num_speculative_tokens_per_batch_size" in str(info.value)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens=0"),
+    ({"num_speculative_tokens": -2}, "num_speculative_tokens=-2"),
+    ({"num_speculative_tokens": 2.0}, "num_speculative_tokens=2.0"),
+    ({"method": "lookahead"}, "method='lookahead'"),
+    ({"method": "draft_model"}, "model=None"),
+    ({"method": "custom_class"}, "model=None"),
+    ({"prompt_lookup_min": 4, "prompt_lookup_max": 2}, "prompt_lookup_min=4 > prompt_lookup_max=2"),
+    ({"prompt_lookup_min": 0}, "prompt_lookup_min=0"),
+    ({"rejection_sample_method": "fast"}, "rejection_sample_method='fast'"),
+    ({"draft_sample_method": "topk"}, "draft_sample_method='topk'"),
+    ({"suffix_decoding_min_token_prob": 1.5}, "suffix_decoding_min_token_prob=1.5"),
+    ({"suffix_decoding_max_tree_depth": 1}, "suffix_decoding_max_tree_depth=1"),
+    ({"suffix_decoding_max_cached_requests": -1}, "suffix_decoding_max_cached_requests=-1"),
+    ({"suffix_decoding_max_spec_factor": 0}, "suffix_decoding_max_spec_factor=0"),
+    ({"num_speculative_tokens_per_batch_size": [[2, 8, 1]]}, "num_speculative_tokens_per_batch_size"),
+])
+def test_bad_values_name_the_field(overrides, field):
+    with pytest.raises(ValueError) as info:
+        SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, **overrides})
+    assert field in str(info.value)
+
+
+@pytest.mark.parametrize("missing", ["method", "num_speculative_tokens"])
+def test_missing_required_key(missing):
+    config = {"method": "ngram", "num_speculative_tokens": 3}
+    del config[missing]
+    with pytest.raises(ValueError, match=f"missing '{missing}'"):
+        SpecConfig.from_dict(config)
+
+
+def test_not_a_dict():
+    with pytest.raises(ValueError, match="expected a dict"):
+        SpecConfig.from_dict([("method", "ngram")])
+
+
+@pytest.mark.parametrize("method", ["eagle3", "mtp", "dspark", "dflash"])
+def test_vllm_only_methods_are_accepted_and_refused_by_the_embedded_engine(method):
+    config = SpecConfig.from_dict({"method": method, "model": "/m", "num_speculative_tokens": 3})
+    with pytest.raises(NotImplementedError, match="vllm"):
+        config.check_embedded()
+
+
+def test_non_standard_rejection_is_vllm_only():
+    config = SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3,
+                                   "rejection_sample_method": "block"})
+    with pytest.raises(NotImplementedError, match="rejection_sample_method='block'"):
+        config.check_embedded()

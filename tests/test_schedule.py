@@ -1,0 +1,54 @@
+import pytest
+
+from spec.schedule import BatchSizeSchedule, validate_ranges
+
+
+@pytest.mark.parametrize("ranges, message", [
+    ([], "non-empty list"),
+    ("1-8:4", "non-empty list"),
+    (None, "non-empty list"),
+    ([[1, 8]], "is not [range_start, range_end, K]"),
+    ([[1, 8, 4, 2]], "is not [range_start, range_end, K]"),
+    ([[1, 8, 2.5]], "must hold integers"),
+    ([[0, 8, 4]], "non-positive bound"),
+    ([[1, 8, 4], [-3, -1, 2]], "non-positive bound"),
+    ([[1, 8, 4], [12, 9, 2]], "starts after it ends"),
+    ([[1, 8, -1]], "K=-1"),
+    ([[1, 8, 4], [8, 16, 2]], "overlap"),
+    ([[1, 8, 4], [4, 6, 2]], "overlap"),
+    ([[2, 8, 4]], "must start at batch size 1"),
+])
+def test_invalid_ranges_name_the_field_and_rule(ranges, message):
+    with pytest.raises(ValueError, match="num_speculative_tokens_per_batch_size") as info:
+        validate_ranges(ranges)
+    assert message in str(info.value)
+
+
+def test_ranges_are_sorted_on_input():
+    assert validate_ranges([[9, 64, 1], [1, 8, 4]]) == [(1, 8, 4), (9, 64, 1)]
+
+
+def test_lookup_within_ranges_gaps_and_tail():
+    schedule = BatchSizeSchedule([[1, 4, 5], [8, 16, 2], [32, 32, 0]], num_speculative_tokens=8)
+    expected = {1: 5, 4: 5, 5: 5, 7: 5, 8: 2, 16: 2, 17: 2, 31: 2, 32: 0, 33: 0, 1000: 0}
+    assert {b: schedule.k_for_batch_size(b) for b in expected} == expected
+
+
+def test_effective_k_is_capped_by_num_speculative_tokens():
+    schedule = BatchSizeSchedule([[1, 2, 7], [3, 4, 3], [5, 6, 1]], num_speculative_tokens=4)
+    assert [schedule.k_for_batch_size(b) for b in range(1, 8)] == [4, 4, 3, 3, 1, 1, 1]
+
+
+def test_k_zero_turns_speculation_off_and_carries_forward():
+    schedule = BatchSizeSchedule([[1, 1, 3], [2, 2, 0], [10, 20, 1]], num_speculative_tokens=3)
+    assert [schedule.k_for_batch_size(b) for b in (1, 2, 3, 9, 10, 21)] == [3, 0, 0, 0, 1, 1]
+
+
+def test_table_is_dense_up_to_the_last_range():
+    schedule = BatchSizeSchedule([[1, 3, 2], [6, 7, 1]], num_speculative_tokens=4)
+    assert schedule.table == [0, 2, 2, 2, 2, 2, 1, 1]
+
+
+def test_negative_batch_size_is_rejected():
+    with pytest.raises(ValueError, match="batch_size=-1"):
+        BatchSizeSchedule([[1, 3, 2]], num_speculative_tokens=4).k_for_batch_size(-1)

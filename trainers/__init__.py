@@ -1,0 +1,1 @@
+"""TRL integration (rollout function adapter, trainer callback); built on `rollout` and `spec`."""
