@@ -120,7 +120,6 @@ class RaggedRunner:
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
         self.has_qk_norm = hasattr(attn, "q_norm")
         config = self.model.config
-        self.is_gqa = config.num_key_value_heads != config.num_attention_heads
         self.cache = KVCache(len(self.layers), max_num_seqs, config.num_key_value_heads, max_model_len,
                              self.head_dim, dtype=self.dtype, device=self.device)
         self.cos, self.sin = self._rope_tables(max_model_len)  # [max_model_len, head_dim] each
@@ -169,21 +168,21 @@ class RaggedRunner:
         for i, layer in enumerate(self.layers):
             hidden = self._layer(i, layer, hidden, batch, cos, sin)
         self.cache.advance(slots, num_new)
-        hidden = self.model.model.norm(hidden[batch.logit_index])  # [sum(num_logits), hidden]
+        hidden = _rms_norm(self.model.model.norm, hidden[batch.logit_index])  # [sum(num_logits), hidden]
         return self.model.lm_head(hidden).float()
 
     def _layer(self, i: int, layer, hidden, batch: _Batch, cos, sin) -> torch.Tensor:
         attn = layer.self_attn
-        x = layer.input_layernorm(hidden)
+        x = _rms_norm(layer.input_layernorm, hidden)
         q = attn.q_proj(x).unflatten(-1, (-1, self.head_dim))  # [num_tokens, num_heads, head_dim]
         k = attn.k_proj(x).unflatten(-1, (-1, self.head_dim))  # [num_tokens, num_kv_heads, head_dim]
         v = attn.v_proj(x).unflatten(-1, (-1, self.head_dim))
         if self.has_qk_norm:
-            q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = _rms_norm(attn.q_norm, q), _rms_norm(attn.k_norm, k)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         self.cache.write(i, batch.token_slots, batch.positions, k, v)
         hidden = hidden + attn.o_proj(self._attend(i, q, batch))
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return hidden + layer.mlp(_rms_norm(layer.post_attention_layernorm, hidden))
 
     def _attend(self, i: int, q: torch.Tensor, batch: _Batch) -> torch.Tensor:
         """q [num_tokens, num_heads, head_dim] against each row's cached keys -> [num_tokens, num_heads * hd]."""
@@ -194,10 +193,33 @@ class RaggedRunner:
         q = q.view(rows, max_new, *q.shape[1:]).transpose(1, 2)  # [num_rows, num_heads, max_new, head_dim]
         keys = self.cache.keys[i, batch.slots, :, :batch.max_len]  # [num_rows, num_kv_heads, max_len, head_dim]
         values = self.cache.values[i, batch.slots, :, :batch.max_len]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask, scale=self.scaling,
-                                             enable_gqa=self.is_gqa)  # [num_rows, num_heads, max_new, head_dim]
+        out = _attention(q, keys, values, batch.mask, self.scaling)  # [num_rows, num_heads, max_new, head_dim]
         out = out.transpose(1, 2).reshape(rows * max_new, -1)
         return out if batch.pad_index is None else out[batch.pad_index]
+
+
+def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    """The HF RMSNorm module's computation as one fused op (the module runs six small ones)."""
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+
+
+def _attention(q, keys, values, mask, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v, with kv heads shared by groups of query heads (GQA).
+
+    On CPU two batched matmuls beat scaled_dot_product_attention for the short queries of decoding and
+    verification (measured: 0.09 vs 0.13 ms at 64 rows x 1 query x 40 keys, 0.42 vs 0.77 ms at 256 rows),
+    and they read the cache's strided slices without a copy; elsewhere SDPA's fused kernels win.
+    """
+    group = q.shape[1] // keys.shape[1]
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=group > 1)
+    rows, num_heads, num_queries, head_dim = q.shape
+    q = q.reshape(rows, keys.shape[1], group * num_queries, head_dim)  # queries of a kv head side by side
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scale  # [rows, kv_heads, group * num_queries, keys]
+    if mask is not None:
+        scores = (scores.view(rows, keys.shape[1], group, num_queries, -1) + mask[:, :, None]).flatten(2, 3)
+    out = torch.matmul(torch.softmax(scores, dim=-1), values)  # [rows, kv_heads, group * num_queries, head_dim]
+    return out.view(rows, num_heads, num_queries, head_dim)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

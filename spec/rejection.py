@@ -11,8 +11,8 @@ x_1..x_k (k = k_r, 0 allowed), target distributions p_1..p_{k+1} and draft distr
 Point proposals (n-gram, suffix, greedy draft model) have one-hot q: acceptance is p_j(x_j) and the recovered
 token comes from p_j with x_j removed. Either way the emitted tokens follow p exactly. p and q are *processed*
 distributions (spec/sampling.py); the logprob reported for each emitted token is log p at its position.
-Randomness is drawn from each request's own generator: k uniforms, then one categorical draw; greedy requests
-draw nothing.
+Randomness comes from each request's own generator, one call of k + 1 uniforms per step: k for the acceptance
+tests, one for the emitted token (inverse-CDF sampling); greedy requests draw nothing.
 """
 
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from spec.sampling import SamplingTensors, processed_logprobs, sample
+from spec.sampling import SamplingTensors, draw_uniforms, inverse_cdf_sample, processed_logprobs
 
 
 @dataclass
@@ -41,77 +41,86 @@ def rejection_sample(target_logits: torch.Tensor, draft_token_ids: Sequence[Sequ
     draft_token_ids: per request its k_r drafts. draft_probs: per request [k_r, vocab] processed q, or None
     for point proposals. sampling / generators: one entry per request.
     """
-    num_draft = torch.tensor([len(d) for d in draft_token_ids], dtype=torch.long)  # [num_reqs]
-    logp = processed_logprobs(target_logits, sampling.repeat_interleave(num_draft + 1))  # [num_pos, vocab]
+    device = target_logits.device
+    num_draft_list = [len(d) for d in draft_token_ids]
+    k_max = max(num_draft_list, default=0)
+    num_draft = torch.tensor(num_draft_list, dtype=torch.long, device=device)  # [num_reqs]
+    per_position = sampling.repeat_interleave(num_draft + 1) if k_max else sampling
+    logp = processed_logprobs(target_logits, per_position)  # [num_pos, vocab]
     p = logp.exp()
-    pos = _position_index(num_draft)  # [num_reqs, k_max + 1] flat row of (r, j), clamped to j <= k_r
-    drafts = _pad(draft_token_ids, pos.shape[1] - 1)  # [num_reqs, k_max]
-    q_drafts = _draft_prob_of_drafts(draft_probs, drafts)  # [num_reqs, k_max]
-    accepted = _accept(p, logp, pos, drafts, q_drafts, num_draft, sampling.is_greedy, generators)
-    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # [num_reqs]
+    pos = _position_index(num_draft, k_max)  # [num_reqs, k_max + 1] flat row of (r, j), clamped to j <= k_r
+    drafts = _pad(draft_token_ids, k_max, device)  # [num_reqs, k_max]
+    q = None if draft_probs is None else _pad_probs(draft_probs, k_max, p.shape[-1])  # [num_reqs, k_max, vocab]
+    is_greedy = sampling.is_greedy.tolist()
+    counts = [0 if greedy else k + 1 for k, greedy in zip(num_draft_list, is_greedy)]
+    uniform = draw_uniforms(generators, counts, device)  # [num_reqs, <= k_max + 1]: k_r tests, then the token
+    uniform = torch.nn.functional.pad(uniform, (0, k_max + 1 - uniform.shape[1]))
+    if k_max:
+        accepted = _accept(p, logp, pos, drafts, q, num_draft, sampling.is_greedy, uniform)
+        num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # [num_reqs]
+    else:
+        num_accepted = torch.zeros_like(num_draft)
 
-    token_ids, logprobs = [], []
-    for r, generator in enumerate(generators):
-        k, a = int(num_draft[r]), int(num_accepted[r])
-        row = int(pos[r, a])
-        if bool(sampling.is_greedy[r]):
-            last = int(logp[row].argmax())
-        else:
-            last = sample(_next_token_probs(p[row], a, k, drafts[r], draft_probs, r), generator)
-        tokens = drafts[r, :a].tolist() + [last]
-        token_ids.append(tokens)
-        logprobs.append(logp[pos[r, :a + 1], tokens].tolist())
-    return VerifyResult(token_ids, logprobs, num_accepted.tolist())
+    rows = torch.arange(len(draft_token_ids), device=device)
+    last_pos = pos[rows, num_accepted]  # [num_reqs] where the recovered/bonus token is emitted
+    probs = _next_token_probs(p[last_pos], num_accepted, num_draft, drafts, q)  # [num_reqs, vocab]
+    last = logp[last_pos].argmax(dim=-1)  # [num_reqs] greedy rows keep the argmax
+    if not all(is_greedy):
+        last = torch.where(sampling.is_greedy, last, inverse_cdf_sample(probs, uniform[rows, num_draft]))
+    tokens = torch.cat([drafts, last[:, None]], dim=1)  # [num_reqs, k_max + 1], the last token at column a_r:
+    tokens = torch.where(torch.arange(k_max + 1, device=device) == num_accepted[:, None], last[:, None], tokens)
+    logprobs = logp[pos, tokens]  # [num_reqs, k_max + 1]
+    lengths = (num_accepted + 1).tolist()
+    return VerifyResult([t[:n] for t, n in zip(tokens.tolist(), lengths)],
+                        [lp[:n] for lp, n in zip(logprobs.tolist(), lengths)], num_accepted.tolist())
 
 
-def _position_index(num_draft: torch.Tensor) -> torch.Tensor:
+def _position_index(num_draft: torch.Tensor, k_max: int) -> torch.Tensor:
     cu_num_pos = torch.cumsum(num_draft + 1, dim=0) - (num_draft + 1)  # [num_reqs] first position of each request
-    k_max = int(num_draft.max()) if num_draft.numel() else 0
-    j = torch.arange(k_max + 1)
+    j = torch.arange(k_max + 1, device=num_draft.device)
     return cu_num_pos[:, None] + torch.minimum(j[None, :], num_draft[:, None])
 
 
-def _pad(rows: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+def _pad(rows: Sequence[Sequence[int]], width: int, device) -> torch.Tensor:
     out = torch.zeros(len(rows), width, dtype=torch.long)
     for r, row in enumerate(rows):
         out[r, :len(row)] = torch.as_tensor(list(row), dtype=torch.long)
+    return out.to(device)
+
+
+def _pad_probs(draft_probs: Sequence[torch.Tensor], width: int, vocab_size: int) -> torch.Tensor:
+    """[num_reqs, k_max, vocab]; padding rows are zero."""
+    out = torch.zeros(len(draft_probs), width, vocab_size, device=draft_probs[0].device if draft_probs else None)
+    for r, probs in enumerate(draft_probs):
+        out[r, :probs.shape[0]] = probs.float()
     return out
 
 
-def _draft_prob_of_drafts(draft_probs, drafts: torch.Tensor) -> torch.Tensor:
-    """q_j(x_j) for every padded draft slot; 1 for point proposals and padding."""
-    q = torch.ones(drafts.shape, dtype=torch.float32)
-    if draft_probs is not None:
-        for r, probs in enumerate(draft_probs):
-            k = probs.shape[0]
-            q[r, :k] = probs.float().gather(1, drafts[r, :k, None]).squeeze(1)
-    return q
-
-
-def _accept(p, logp, pos, drafts, q_drafts, num_draft, is_greedy, generators) -> torch.Tensor:
+def _accept(p, logp, pos, drafts, q, num_draft, is_greedy, uniform) -> torch.Tensor:
     """[num_reqs, k_max] bool: draft j of request r passes its test (padding never does)."""
     k_max = drafts.shape[1]
     draft_pos = pos[:, :k_max]  # [num_reqs, k_max]
-    is_valid = torch.arange(k_max)[None, :] < num_draft[:, None]
+    is_valid = torch.arange(k_max, device=drafts.device)[None, :] < num_draft[:, None]
     p_drafts = p[draft_pos, drafts]  # [num_reqs, k_max] target probability of each draft
-    uniform = torch.ones(drafts.shape)
-    for r, generator in enumerate(generators):
-        if not bool(is_greedy[r]) and int(num_draft[r]) > 0:
-            uniform[r, :int(num_draft[r])] = torch.rand(int(num_draft[r]), generator=generator)
-    accept_stochastic = uniform * q_drafts < p_drafts  # u < p/q, i.e. probability min(1, p/q)
+    q_drafts = torch.ones_like(p_drafts) if q is None else q.gather(2, drafts[..., None]).squeeze(2)
+    accept_stochastic = uniform[:, :k_max] * q_drafts < p_drafts  # u < p/q, i.e. probability min(1, p/q)
     accept_greedy = drafts == logp[draft_pos].argmax(dim=-1)
     return torch.where(is_greedy[:, None], accept_greedy, accept_stochastic) & is_valid
 
 
-def _next_token_probs(p_row, num_accepted: int, num_draft: int, drafts_row, draft_probs, r: int) -> torch.Tensor:
-    """p_{k+1} for a bonus token; norm(max(0, p_j - q_j)) (unnormalised) for a recovered token."""
-    if num_accepted == num_draft:
-        return p_row
-    if draft_probs is None:
-        q_row = torch.zeros_like(p_row)
-        q_row[drafts_row[num_accepted]] = 1.0
+def _next_token_probs(p_last, num_accepted, num_draft, drafts, q) -> torch.Tensor:
+    """[num_reqs, vocab] unnormalised: p_{k+1} for a bonus token, max(0, p_j - q_j) for a recovered token."""
+    is_rejected = num_accepted < num_draft  # [num_reqs]
+    if not bool(is_rejected.any()):
+        return p_last
+    rows = torch.arange(len(num_draft), device=p_last.device)
+    j = num_accepted.clamp(max=max(drafts.shape[1] - 1, 0))
+    if q is None:  # point proposals: q is one-hot at the rejected draft
+        q_last = torch.zeros_like(p_last)
+        q_last[rows, drafts[rows, j]] = 1.0
     else:
-        q_row = draft_probs[r][num_accepted].float()
-    residual = torch.clamp(p_row - q_row, min=0)
+        q_last = q[rows, j]
+    residual = torch.clamp(p_last - q_last, min=0)
     # The residual is all zero only when p_j == q_j, where rejection has probability 0; guard float error.
-    return residual if float(residual.sum()) > 0 else p_row
+    use_residual = is_rejected & (residual.sum(dim=-1) > 0)
+    return torch.where(use_residual[:, None], residual, p_last)

@@ -76,6 +76,22 @@ def _top_k_top_p_mask(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token id drawn from probs ([vocab], need not be normalised) with the given generator."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+def inverse_cdf_sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One token per row drawn from unnormalised probs [n, vocab] with the given uniforms in [0, 1) [n].
+
+    Exact: token i is drawn with probability probs[i] / sum(probs); zero-probability tokens never are.
+    """
+    cdf = probs.double().cumsum(dim=-1)  # float64: the running sum over a large vocabulary stays exact enough
+    target = uniform.to(cdf) * cdf[:, -1]
+    token = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1)  # first token with cdf > target
+    return token.clamp(max=probs.shape[-1] - 1)
+
+
+def draw_uniforms(generators, counts: list[int], device=None) -> torch.Tensor:
+    """[n, max(counts)] uniforms in [0, 1): row i holds counts[i] draws from generators[i] (one call per
+    generator, none where counts[i] == 0), zero-padded."""
+    uniform = torch.zeros(len(counts), max(counts, default=0))
+    for i, (count, generator) in enumerate(zip(counts, generators)):
+        if count:
+            uniform[i, :count] = torch.rand(count, generator=generator, device=getattr(generator, "device", None))
+    return uniform.to(device)

@@ -24,7 +24,7 @@ import torch
 from spec.config import DRAFT_SAMPLE_METHODS
 from spec.model_runner import build_runner
 from spec.proposers.base import DraftRequest, Proposal
-from spec.sampling import SamplingTensors, processed_logprobs, sample
+from spec.sampling import SamplingTensors, draw_uniforms, inverse_cdf_sample, processed_logprobs
 
 
 @dataclass
@@ -124,9 +124,9 @@ class DraftModelProposer:
             return drafts.tolist(), _probability_of(logq, drafts), None
         one_hot = torch.nn.functional.one_hot(drafts, logq.shape[-1]).float()
         q = torch.where(sampling.is_greedy[:, None], one_hot, logq.exp())  # [n, vocab]
-        for i in torch.nonzero(~sampling.is_greedy).flatten().tolist():
-            generator = requests[i].generator
-            drafts[i] = sample(q[i] if generator is None else q[i].to(generator.device), generator)
+        uniform = draw_uniforms([r.generator for r in requests], (~sampling.is_greedy).long().tolist(), q.device)
+        if uniform.shape[1]:
+            drafts = torch.where(sampling.is_greedy, drafts, inverse_cdf_sample(q, uniform[:, 0]))
         return drafts.tolist(), _probability_of(logq, drafts), q
 
     def sync(self, requests: Sequence[DraftRequest]) -> list[list[int]]:

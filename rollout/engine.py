@@ -1,0 +1,122 @@
+"""The engine loop: each step is plan -> propose -> verify -> commit -> finish.
+
+Token ids only; tokenisation lives in the generator. Target cache invariant between steps: a running request's
+slot holds every committed token but the last one, so the next verification feeds that token plus the drafts
+and reads k + 1 logits: position j predicts draft j + 1, the last one the bonus token. After verification the
+slot is cropped back to the invariant: rejected drafts vanish by moving the length back, nothing recomputed.
+"""
+
+import time
+from typing import Callable
+
+import torch
+
+from rollout.request import Request
+from rollout.scheduler import Scheduler, StepPlan
+from spec import AcceptanceStats, Proposal, Proposer, SamplingTensors, rejection_sample
+
+
+class Engine:
+    def __init__(self, runner, proposer: Proposer | None, k_for_batch_size: Callable[[int], int], *,
+                 max_num_seqs: int, max_model_len: int, eos_token_ids: set[int]):
+        self.runner = runner
+        self.proposer = proposer
+        self.scheduler = Scheduler(max_num_seqs, k_for_batch_size if proposer is not None else lambda b: 0)
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.stats = AcceptanceStats()
+        self.num_steps = 0
+
+    def add(self, request: Request) -> None:
+        self.scheduler.add(request)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def step(self) -> list[Request]:
+        """One engine step; returns the requests it finished."""
+        plan = self.scheduler.plan()
+        self._prefill(plan)
+        # Rows in slot order: a full batch then reads its keys as one slice of the cache instead of a gather.
+        requests = sorted(plan.requests, key=lambda r: r.slot)
+        num_drafts = [min(plan.k_max, r.room_for_drafts(self.max_model_len)) for r in requests]
+        proposal = self._propose(requests, num_drafts)
+        logits = self._verify(requests, proposal)
+        sampling = SamplingTensors.build([r.params.temperature for r in requests], [r.params.top_k for r in requests],
+                                         [r.params.top_p for r in requests], device=logits.device)
+        result = rejection_sample(logits, proposal.token_ids, sampling, [r.generator for r in requests],
+                                  proposal.draft_probs)
+        self.stats.observe_step(plan.batch_size, plan.k_max)
+        self.num_steps += 1
+        return self._commit(requests, proposal, result)
+
+    def _prefill(self, plan: StepPlan) -> None:
+        """Give each admitted request a slot. A prompt that several requests share is computed once, by a
+        running sibling or by the first new one, and copied into the others' slots; a prompt nobody shares is
+        prefilled by the verification forward itself (its uncached tokens are the whole prompt)."""
+        holders = {r.prompt_index: r for r in plan.requests if r.slot is not None}
+        groups: dict[int, list[Request]] = {}
+        for request in plan.new_requests:
+            request.slot = self.runner.allocate()
+            groups.setdefault(request.prompt_index, []).append(request)
+        feed, copies = [], []
+        for prompt_index, members in groups.items():
+            holder = holders.get(prompt_index)
+            if len(members[0].prompt_ids) == 1 or (holder is None and len(members) == 1):
+                continue
+            if holder is None:
+                holder, members = members[0], members[1:]
+                feed.append(holder)
+            copies += [(holder, member) for member in members]
+        if feed:
+            self.runner.forward([r.slot for r in feed], [r.prompt_ids[:-1] for r in feed], [0] * len(feed))
+        for holder, request in copies:
+            self.runner.copy_prefix(holder.slot, request.slot, len(request.prompt_ids) - 1)
+
+    def _propose(self, requests: list[Request], num_drafts: list[int]) -> Proposal:
+        if self.proposer is None or not any(num_drafts):
+            return Proposal([[] for _ in requests], [[] for _ in requests])
+        proposal = self.proposer.propose([r.draft_view() for r in requests], num_drafts)
+        proposal.validate(num_drafts, source=type(self.proposer).__name__)
+        return proposal
+
+    def _verify(self, requests: list[Request], proposal: Proposal) -> torch.Tensor:
+        """One target forward over sum(k_i + 1) tokens: each row's uncached tokens, then its drafts."""
+        slots = [r.slot for r in requests]
+        feeds = [r.token_ids[self.runner.seq_len(r.slot):] + d for r, d in zip(requests, proposal.token_ids)]
+        logits = self.runner.forward(slots, feeds, [len(d) + 1 for d in proposal.token_ids])
+        if not bool(torch.isfinite(logits).all()):
+            raise ValueError("the target model produced non-finite logits (NaN or inf); check its weights and "
+                             "dtype (e.g. float16 overflow on CPU: pass dtype=torch.float32)")
+        return logits
+
+    def _commit(self, requests: list[Request], proposal: Proposal, result) -> list[Request]:
+        finished = []
+        for request, drafts, tokens, logprobs, num_accepted in zip(
+                requests, proposal.token_ids, result.token_ids, result.logprobs, result.num_accepted):
+            request.acceptance.observe(len(drafts), num_accepted)
+            stop_ids = self.eos_token_ids | set(request.params.stop_token_ids or ())
+            # any() stops at the first token that finishes the request: tokens after a stop are dropped
+            if any(request.append(t, lp, stop_ids, self.max_model_len) for t, lp in zip(tokens, logprobs)):
+                self._finish(request)
+                finished.append(request)
+            else:
+                self.runner.crop(request.slot, request.num_tokens - 1)
+        return finished
+
+    def _finish(self, request: Request) -> None:
+        self.scheduler.finish(request)
+        self.runner.free(request.slot)
+        request.slot = None
+        if self.proposer is not None:
+            self.proposer.finish(request.draft_view())
+        self.stats.add(request.acceptance)
+
+    def run(self, on_finish: Callable[[Request], None] = lambda r: None) -> float:
+        """Step until every added request is finished; returns the wall time in seconds."""
+        start = time.perf_counter()
+        while self.has_unfinished:
+            for request in self.step():
+                on_finish(request)
+        return time.perf_counter() - start

@@ -1,0 +1,58 @@
+"""One completion being generated: its tokens, logprobs, acceptance record and place in the engine."""
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from rollout.sampling_params import SamplingParams
+from spec import DraftRequest, RequestAcceptance
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED = enum.auto()
+
+
+@dataclass(eq=False)
+class Request:
+    req_id: int
+    prompt_index: int  # siblings (the num_generations samples of one prompt) share it
+    sample_index: int  # 0 .. num_generations - 1 within its prompt
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    acceptance: RequestAcceptance
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None  # "stop" or "length"
+    slot: int | None = None  # the target runner's KV slot while running
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def append(self, token_id: int, logprob: float, stop_token_ids: set[int], max_model_len: int) -> bool:
+        """Commit one token; True when it finishes the request (the stop token itself is kept)."""
+        self.output_ids.append(token_id)
+        self.logprobs.append(logprob)
+        if token_id in stop_token_ids:
+            self.finish_reason = "stop"
+        elif len(self.output_ids) >= self.params.max_tokens or self.num_tokens >= max_model_len:
+            self.finish_reason = "length"
+        return self.finish_reason is not None
+
+    def room_for_drafts(self, max_model_len: int) -> int:
+        """The most drafts worth verifying: k drafts emit up to k + 1 tokens and put k + 1 tokens in the cache."""
+        return max(0, min(self.params.max_tokens - len(self.output_ids), max_model_len - self.num_tokens) - 1)
+
+    def draft_view(self) -> DraftRequest:
+        p = self.params
+        return DraftRequest(self.req_id, self.prompt_index, self.token_ids, len(self.prompt_ids),
+                            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, generator=self.generator)

@@ -1,0 +1,65 @@
+"""The engine's sampled completions follow the target's distribution exactly, with speculation on."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from conftest import tiny_llama
+
+from rollout import RolloutGenerator, SamplingParams
+from spec.sampling import SamplingTensors, processed_logprobs
+
+VOCAB, PROMPT, NUM_SAMPLES = 5, [0, 3, 1], 3000
+
+
+def _exact_distribution(model, params: SamplingParams) -> dict[tuple, float]:
+    """P(t1, t2 | PROMPT) under the processed target distribution, by enumerating all two-token completions."""
+    sampling = SamplingTensors.build([params.temperature], [params.top_k], [params.top_p])
+    probs = {}
+    for t1, t2 in itertools.product(range(VOCAB), repeat=2):
+        with torch.no_grad():
+            logits = model(torch.tensor([PROMPT + [t1]])).logits[0, -2:]  # predicts t1, then t2
+        logp = processed_logprobs(logits, sampling.select([0, 0]))
+        probs[(t1, t2)] = math.exp(float(logp[0, t1] + logp[1, t2]))
+    return probs
+
+
+def _chi2_with_merged_bins(counts: dict, probs: dict) -> tuple[float, int]:
+    """Pearson statistic; outcomes expected fewer than 5 times are merged into one bin (the usual validity rule)."""
+    n = sum(counts.values())
+    assert all(probs[o] > 0 for o in counts), "an outcome outside the target's support was sampled"
+    big = [o for o in probs if probs[o] * n >= 5]
+    small = [o for o in probs if probs[o] * n < 5 and probs[o] > 0]
+    bins = [([o], probs[o]) for o in big] + ([(small, sum(probs[o] for o in small))] if small else [])
+    stat = sum((sum(counts.get(o, 0) for o in outs) - p * n) ** 2 / (p * n) for outs, p in bins)
+    return stat, len(bins) - 1
+
+
+def _chi2_critical(df: int, z: float = 3.0902) -> float:
+    """Upper 1e-3 quantile of chi-square(df) (Wilson-Hilferty approximation)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize("method", ["suffix", "draft_model"])
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, -1, 1.0), (0.9, 3, 0.9)])
+def test_sampled_completions_follow_the_target(method, temperature, top_k, top_p):
+    """3000 sibling completions of one prompt. Suffix drafting proposes from the siblings' outputs (point
+    proposals); the draft model samples its drafts (probabilistic q). Fixed seeds make the run deterministic;
+    the 1e-3 chi-square quantile bounds the false-alarm rate of a correct sampler, and the test fails for a
+    sampler that returns drafts unverified (checked by hand: statistic > 10x the threshold)."""
+    target = tiny_llama(10, vocab_size=VOCAB, eos_token_id=None)
+    config = {"method": method, "num_speculative_tokens": 2}
+    draft = None
+    if method == "draft_model":
+        config["draft_sample_method"] = "probabilistic"
+        draft = tiny_llama(11, vocab_size=VOCAB, num_layers=1, eos_token_id=None)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=2)
+    generator = RolloutGenerator(target, speculative_config=config, draft_model=draft, max_num_seqs=64, seed=3)
+    batch = generator.generate([PROMPT], NUM_SAMPLES, params, use_tqdm=False)
+    assert batch.stats["num_draft_tokens"] > NUM_SAMPLES // 2  # speculation was active
+    counts = {}
+    for sample in batch.samples:
+        counts[tuple(sample.completion_ids)] = counts.get(tuple(sample.completion_ids), 0) + 1
+    stat, df = _chi2_with_merged_bins(counts, _exact_distribution(target, params))
+    assert stat < _chi2_critical(df), (stat, df)
