@@ -55,14 +55,14 @@ class Engine:
         """Give each admitted request a slot. A prompt that several requests share is computed once, by a
         running sibling or by the first new one, and copied into the others' slots; a prompt nobody shares is
         prefilled by the verification forward itself (its uncached tokens are the whole prompt)."""
-        holders = {r.prompt_index: r for r in plan.requests if r.slot is not None}
+        holders = {r.group_id: r for r in plan.requests if r.slot is not None}
         groups: dict[int, list[Request]] = {}
         for request in plan.new_requests:
             request.slot = self.runner.allocate()
-            groups.setdefault(request.prompt_index, []).append(request)
+            groups.setdefault(request.group_id, []).append(request)
         feed, copies = [], []
-        for prompt_index, members in groups.items():
-            holder = holders.get(prompt_index)
+        for group_id, members in groups.items():
+            holder = holders.get(group_id)
             if len(members[0].prompt_ids) == 1 or (holder is None and len(members) == 1):
                 continue
             if holder is None:
@@ -106,12 +106,21 @@ class Engine:
         return finished
 
     def _finish(self, request: Request) -> None:
+        self._release(request)
+        self.stats.add(request.acceptance)
+
+    def _release(self, request: Request) -> None:
         self.scheduler.finish(request)
-        self.runner.free(request.slot)
-        request.slot = None
+        if request.slot is not None:
+            self.runner.free(request.slot)
+            request.slot = None
         if self.proposer is not None:
             self.proposer.finish(request.draft_view())
-        self.stats.add(request.acceptance)
+
+    def abort(self) -> None:
+        """Release every running request's cache slots after an error, so the runner and drafter stay usable."""
+        for request in list(self.scheduler.running):
+            self._release(request)
 
     def run(self, on_finish: Callable[[Request], None] = lambda r: None) -> float:
         """Step until every added request is finished; returns the wall time in seconds."""

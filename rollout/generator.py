@@ -1,6 +1,8 @@
 """`RolloutGenerator`: the public entry point. Loads the models, tokenises prompts, runs the engine, returns
 samples in input order with their logprobs and acceptance records."""
 
+import itertools
+
 import torch
 from tqdm.auto import tqdm
 
@@ -49,6 +51,7 @@ class RolloutGenerator:
             max_model_len=self.max_model_len, device=self.device, dtype=self.dtype)
         self.seed = seed
         self.num_calls = 0
+        self._ids = itertools.count()  # request and prompt-group ids, unique across calls
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -76,19 +79,25 @@ class RolloutGenerator:
         for request in requests:
             engine.add(request)
         with tqdm(total=len(requests), desc="rollouts", unit="sample", disable=not use_tqdm) as bar:
-            elapsed = engine.run(on_finish=lambda r: bar.update(1))
+            try:
+                elapsed = engine.run(on_finish=lambda r: bar.update(1))
+            except BaseException:
+                engine.abort()
+                raise
         self.num_calls += 1
         return self._batch(requests, engine, elapsed)
 
     def _requests(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams):
         base = self.seed * _SEED_MIX + self.num_calls if params.seed is None else params.seed
+        num_spec_tokens = self.config.num_speculative_tokens if self.config else 0
         requests = []
         for i, ids in enumerate(prompt_ids):
+            group_id = next(self._ids)
             for j in range(num_generations):
                 seed = ((base * _SEED_MIX + i) * _SEED_MIX + j) % (2 ** 63)
                 generator = torch.Generator(device=self.device).manual_seed(seed)
-                acceptance = RequestAcceptance.sized(self.config.num_speculative_tokens if self.config else 0)
-                requests.append(Request(len(requests), i, j, list(ids), params, generator, acceptance))
+                requests.append(Request(next(self._ids), group_id, i, j, list(ids), params, generator,
+                                        RequestAcceptance.sized(num_spec_tokens)))
         return requests
 
     def _batch(self, requests: list[Request], engine: Engine, elapsed: float) -> RolloutBatch:

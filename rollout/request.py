@@ -17,8 +17,9 @@ class RequestStatus(enum.Enum):
 
 @dataclass(eq=False)
 class Request:
-    req_id: int
-    prompt_index: int  # siblings (the num_generations samples of one prompt) share it
+    req_id: int  # unique for the generator's lifetime
+    group_id: int  # unique per prompt per call: the prompt's num_generations siblings share it
+    prompt_index: int  # position of the prompt in the call's input
     sample_index: int  # 0 .. num_generations - 1 within its prompt
     prompt_ids: list[int]
     params: SamplingParams
@@ -54,5 +55,5 @@ class Request:
 
     def draft_view(self) -> DraftRequest:
         p = self.params
-        return DraftRequest(self.req_id, self.prompt_index, self.token_ids, len(self.prompt_ids),
+        return DraftRequest(self.req_id, self.group_id, self.token_ids, len(self.prompt_ids),
                             temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, generator=self.generator)

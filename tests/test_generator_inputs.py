@@ -68,8 +68,10 @@ def test_non_finite_logits_are_an_error():
     broken = tiny_llama(6)
     with torch.no_grad():
         broken.lm_head.weight[0, 0] = float("nan")
+    generator = RolloutGenerator(broken, max_num_seqs=4)
     with pytest.raises(ValueError, match="non-finite logits"):
-        RolloutGenerator(broken).generate([[2, 3]], use_tqdm=False)
+        generator.generate([[2, 3]], num_generations=3, use_tqdm=False)
+    assert generator.runner.num_free_slots == 4  # the failed call gave its cache slots back
 
 
 @pytest.mark.parametrize("method", ["eagle3", "mtp"])
