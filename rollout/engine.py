@@ -79,7 +79,20 @@ class Engine:
             return Proposal([[] for _ in requests], [[] for _ in requests])
         proposal = self.proposer.propose([r.draft_view() for r in requests], num_drafts)
         proposal.validate(num_drafts, source=type(self.proposer).__name__)
-        return proposal
+        return self._cut_at_stop(requests, proposal)
+
+    def _cut_at_stop(self, requests: list[Request], proposal: Proposal) -> Proposal:
+        """Drop the drafts after a draft stop token: if the stop is accepted the request ends there, so
+        verifying (and counting) what follows it would be wasted."""
+        lengths = [next((j + 1 for j, t in enumerate(drafts) if t in self._stop_ids(r)), len(drafts))
+                   for r, drafts in zip(requests, proposal.token_ids)]
+        if lengths == proposal.num_draft_tokens:
+            return proposal
+        return Proposal(_cut(proposal.token_ids, lengths), _cut(proposal.confidence, lengths),
+                        None if proposal.draft_probs is None else _cut(proposal.draft_probs, lengths))
+
+    def _stop_ids(self, request: Request) -> set[int]:
+        return self.eos_token_ids | set(request.params.stop_token_ids or ())
 
     def _verify(self, requests: list[Request], proposal: Proposal) -> torch.Tensor:
         """One target forward over sum(k_i + 1) tokens: each row's uncached tokens, then its drafts."""
@@ -96,7 +109,7 @@ class Engine:
         for request, drafts, tokens, logprobs, num_accepted in zip(
                 requests, proposal.token_ids, result.token_ids, result.logprobs, result.num_accepted):
             request.acceptance.observe(len(drafts), num_accepted)
-            stop_ids = self.eos_token_ids | set(request.params.stop_token_ids or ())
+            stop_ids = self._stop_ids(request)
             # any() stops at the first token that finishes the request: tokens after a stop are dropped
             if any(request.append(t, lp, stop_ids, self.max_model_len) for t, lp in zip(tokens, logprobs)):
                 self._finish(request)
@@ -129,3 +142,7 @@ class Engine:
             for request in self.step():
                 on_finish(request)
         return time.perf_counter() - start
+
+
+def _cut(rows: list, lengths: list[int]) -> list:
+    return [row[:n] for row, n in zip(rows, lengths)]

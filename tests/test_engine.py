@@ -23,6 +23,17 @@ class EchoDrafter:
         return Proposal(tokens, [[0.5] * len(t) for t in tokens])
 
 
+class StopThenMore:
+    """Proposes the EOS token (id 1) followed by two more drafts."""
+
+    def __init__(self, config):
+        pass
+
+    def propose(self, requests, max_num_tokens):
+        tokens = [[1, 5, 6][:k] for k in max_num_tokens]
+        return Proposal(tokens, [[0.5] * len(t) for t in tokens])
+
+
 def _generator(target, config=None, draft_model=None, max_num_seqs=3, seed=0):
     return RolloutGenerator(target, speculative_config=config, draft_model=draft_model,
                             max_num_seqs=max_num_seqs, max_model_len=64, seed=seed)
@@ -154,3 +165,10 @@ def test_siblings_share_the_prompt_prefill(target):
     # Each prompt but its last token is computed once, not 4 times; then every step feeds one token per row.
     assert fed[0] == (6 - 1) + (4 - 1)
     assert sum(fed) == fed[0] + sum(len(s.completion_ids) for s in batch.samples)
+
+
+def test_drafts_after_a_stop_token_are_not_verified(target, plain_greedy):
+    config = _spec("custom_class", model=f"{__name__}.StopThenMore")
+    batch = _generator(target, config).generate(PROMPTS, 2, GREEDY, use_tqdm=False)
+    assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain_greedy.samples]
+    assert max(k for s in batch.samples for k in s.acceptance["k_per_step"]) == 1  # [1, 5, 6] cut to [1]
