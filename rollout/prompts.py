@@ -6,7 +6,7 @@ def to_token_ids(prompts, tokenizer, max_model_len: int) -> list[list[int]]:
     if hasattr(prompts, "column_names"):  # a datasets.Dataset
         if "prompt" not in prompts.column_names:
             raise ValueError(f"prompts: the dataset has columns {prompts.column_names}; it needs a 'prompt' column")
-        prompts = prompts["prompt"]
+        prompts = list(prompts["prompt"])
     if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
         raise ValueError(f"prompts={_short(prompts)}: expected a non-empty list of prompts (strings, chat "
                          "message lists or token-id lists)")

@@ -172,3 +172,12 @@ def test_drafts_after_a_stop_token_are_not_verified(target, plain_greedy):
     batch = _generator(target, config).generate(PROMPTS, 2, GREEDY, use_tqdm=False)
     assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain_greedy.samples]
     assert max(k for s in batch.samples for k in s.acceptance["k_per_step"]) == 1  # [1, 5, 6] cut to [1]
+
+
+def test_sampling_params_seed_pins_a_call(target):
+    gen = _generator(target)
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=5)
+    first, second = (gen.generate(PROMPTS, 2, params, use_tqdm=False) for _ in range(2))
+    assert [s.completion_ids for s in first.samples] == [s.completion_ids for s in second.samples]
+    other = gen.generate(PROMPTS, 2, SamplingParams(temperature=1.0, max_tokens=12, seed=6), use_tqdm=False)
+    assert [s.completion_ids for s in other.samples] != [s.completion_ids for s in first.samples]

@@ -78,3 +78,29 @@ def test_non_finite_logits_are_an_error():
 def test_vllm_only_method(target, method):
     with pytest.raises(NotImplementedError, match='backend="vllm"'):
         RolloutGenerator(target, speculative_config={"method": method, "model": "/m", "num_speculative_tokens": 2})
+
+
+def test_text_chat_and_dataset_prompts_tokenise_alike():
+    from datasets import Dataset
+
+    from rollout.default_task import format_prompt
+
+    generator = RolloutGenerator("default", max_num_seqs=4)
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    text = generator.generate([format_prompt("58+67")], sampling_params=params, use_tqdm=False)
+    chat = generator.generate([[{"role": "user", "content": "58+67"}]], sampling_params=params, use_tqdm=False)
+    dataset = generator.generate(Dataset.from_dict({"prompt": [format_prompt("58+67")]}), sampling_params=params,
+                                 use_tqdm=False)
+    assert text.samples[0].prompt_ids == chat.samples[0].prompt_ids == dataset.samples[0].prompt_ids
+    assert text.samples[0].prompt_ids[0] == generator.tokenizer.bos_token_id
+    assert text.samples[0].completion_ids == chat.samples[0].completion_ids
+    assert text.samples[0].text == generator.tokenizer.decode(text.samples[0].completion_ids,
+                                                              skip_special_tokens=True)
+
+
+def test_dataset_without_a_prompt_column():
+    from datasets import Dataset
+
+    generator = RolloutGenerator("default", max_num_seqs=2)
+    with pytest.raises(ValueError, match="needs a 'prompt' column"):
+        generator.generate(Dataset.from_dict({"question": ["1+1"]}), use_tqdm=False)
