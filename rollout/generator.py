@@ -17,6 +17,7 @@ from spec import RequestAcceptance, SpecConfig, build_proposer
 from spec.model_runner import build_runner
 
 _SEED_MIX = 1_000_003
+DEFAULT_MAX_MODEL_LEN = 2048
 
 
 class RolloutGenerator:
@@ -25,7 +26,8 @@ class RolloutGenerator:
     speculative_config: the vLLM-style dict (or a SpecConfig); None = no speculation. For
     `method="draft_model"`, `draft_model` (path or loaded model) overrides the config's `model` path.
     max_num_seqs: running requests at most (each holds a KV slot of max_model_len positions).
-    max_model_len: prompt + completion tokens at most (default: the model's max_position_embeddings).
+    max_model_len: prompt + completion tokens at most (default: the model's max_position_embeddings, capped at
+        DEFAULT_MAX_MODEL_LEN: the KV cache is allocated up front for max_num_seqs x max_model_len positions).
     seed: base seed; call i of `generate` draws from seeds derived from (seed, i, prompt, sample).
     """
 
@@ -38,7 +40,7 @@ class RolloutGenerator:
         self.device, self.dtype = resolve_device_dtype(device, dtype)
         self.tokenizer = load_tokenizer(model, tokenizer)
         self.model = load_model(model, self.device, self.dtype, field="model")
-        self.max_model_len = max_model_len or self.model.config.max_position_embeddings
+        self.max_model_len = max_model_len or min(self.model.config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
         self.max_num_seqs = max_num_seqs
         self.runner = build_runner(self.model, max_num_seqs, self.max_model_len, self.device, self.dtype)
         self.draft_model = None
