@@ -1,12 +1,13 @@
 """Schedule benchmark: tokens/s of no speculation, static K and the per-batch-size schedule, side by side.
 
-    python examples/bench_schedule.py [--batch-sizes 1,2,4,8,16,32,64] [--repeats 3] [--output-dir DIR]
+    python examples/bench_schedule.py [--batch-sizes 1,2,4,8,16,32,64,128,256] [--repeats 5] [--output-dir DIR]
 
 Every arm rolls out the same prompts with the same sampling settings and seeds on the embedded default pair;
 runs are interleaved (the arm order rotates every repeat) so that machine noise hits every arm alike, and the
 median is reported. Alongside: the measured cost of a target forward by tokens per row and of a draft forward,
 the acceptance per position and the speedup the cost model predicts for each K; HF `model.generate` on the
-same target runs as one more interleaved arm, against the engine with no speculation. Writes bench_schedule.json and bench_schedule.png.
+same target runs as one more interleaved arm, against the engine with no speculation. Writes
+bench_schedule.json and bench_schedule.png (default folder: examples/results).
 """
 
 import argparse
@@ -176,8 +177,8 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--output-dir", default="examples/results")
     args = parser.parse_args()

@@ -80,6 +80,7 @@ def summary_table(stats: dict, output: str) -> str:
         ("tokens/s", f"{stats['tokens_per_s']:.1f}"),
         ("acceptance rate", f"{stats['draft_acceptance_rate']:.3f}"),
         ("mean acceptance length", f"{stats['mean_acceptance_length']:.2f}"),
+        ("verified / emitted tokens", f"{stats['verified_tokens_per_emitted_token']:.2f}"),
         ("acceptance per position", " ".join(f"{r:.2f}" for r in stats["acceptance_rate_per_position"])),
         ("K per batch size", " ".join(f"{b}:{_mode(c)}" for b, c in stats["k_per_batch_size"].items())),
     ]

@@ -106,9 +106,13 @@ class RolloutGenerator:
         samples = [Sample(r.prompt_index, r.sample_index, r.prompt_ids, r.output_ids, r.logprobs,
                           self._decode(r.output_ids), r.finish_reason, r.acceptance.to_dict()) for r in requests]
         num_tokens = sum(len(s.completion_ids) for s in samples)
+        total = engine.stats.total
+        num_verified = len(total.k_per_step) + total.num_draft_tokens  # each row-step verifies k + 1 tokens
         stats = {**engine.stats.to_dict(), "num_steps": engine.num_steps, "num_completion_tokens": num_tokens,
+                 "verified_tokens_per_emitted_token": num_verified / max(num_tokens, 1),
                  "elapsed_s": elapsed, "tokens_per_s": num_tokens / max(elapsed, 1e-9)}
-        metrics = {**engine.stats.to_metrics(), "spec/rollout_tokens_per_s": stats["tokens_per_s"]}
+        metrics = {**engine.stats.to_metrics(), "spec/rollout_tokens_per_s": stats["tokens_per_s"],
+                   "spec/verified_tokens_per_emitted_token": stats["verified_tokens_per_emitted_token"]}
         return RolloutBatch(samples, stats, metrics)
 
     def _decode(self, ids: list[int]) -> str | None:

@@ -113,6 +113,9 @@ def test_records_sum_to_the_aggregate(target, draft):
     emitted = sum(len(s.completion_ids) for s in batch.samples)
     assert batch.stats["num_completion_tokens"] == emitted
     assert sum(len(s.acceptance["k_per_step"]) for s in batch.samples) <= emitted  # >= 1 token per step
+    verified = sum(len(s.acceptance["k_per_step"]) + s.acceptance["num_draft_tokens"] for s in batch.samples)
+    assert batch.stats["verified_tokens_per_emitted_token"] == pytest.approx(verified / emitted)
+    assert batch.metrics["spec/verified_tokens_per_emitted_token"] == batch.stats["verified_tokens_per_emitted_token"]
 
 
 def test_finish_reasons(target):
