@@ -127,6 +127,10 @@ class SpecConfig:
             raise NotImplementedError(
                 f"method={self.method!r} runs only on vLLM; use RolloutGenerator(..., backend=\"vllm\") "
                 f"(pip install '.[vllm]'), or pick one of {list(EMBEDDED_METHODS)} for the embedded engine")
+        if self.enable_adaptive_verification:
+            raise NotImplementedError(
+                "enable_adaptive_verification=True is not supported by the embedded engine yet; set it to false "
+                "(K then follows num_speculative_tokens_per_batch_size alone)")
         if self.rejection_sample_method != "standard":
             raise NotImplementedError(
                 f"rejection_sample_method={self.rejection_sample_method!r} runs only on vLLM; the embedded "

@@ -81,3 +81,10 @@ def test_non_standard_rejection_is_vllm_only():
                                    "rejection_sample_method": "block"})
     with pytest.raises(NotImplementedError, match="rejection_sample_method='block'"):
         config.check_embedded()
+
+
+def test_adaptive_verification_is_refused_rather_than_ignored():
+    config = SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3,
+                                   "enable_adaptive_verification": True})
+    with pytest.raises(NotImplementedError, match="enable_adaptive_verification=True"):
+        config.check_embedded()
