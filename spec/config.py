@@ -127,6 +127,13 @@ class SpecConfig:
             raise NotImplementedError(
                 f"method={self.method!r} runs only on vLLM; use RolloutGenerator(..., backend=\"vllm\") "
                 f"(pip install '.[vllm]'), or pick one of {list(EMBEDDED_METHODS)} for the embedded engine")
+        vllm_only = {"parallel_drafting": self.parallel_drafting,
+                     "use_heterogeneous_vocab": self.use_heterogeneous_vocab,
+                     "draft_tensor_parallel_size": (self.draft_tensor_parallel_size or 1) > 1}
+        for name, is_set in vllm_only.items():
+            if is_set:
+                raise NotImplementedError(f"{name}={getattr(self, name)!r} runs only on vLLM; unset it for the "
+                                          "embedded engine or use backend=\"vllm\"")
         if self.enable_adaptive_verification:
             raise NotImplementedError(
                 "enable_adaptive_verification=True is not supported by the embedded engine yet; set it to false "

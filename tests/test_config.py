@@ -88,3 +88,13 @@ def test_adaptive_verification_is_refused_rather_than_ignored():
                                    "enable_adaptive_verification": True})
     with pytest.raises(NotImplementedError, match="enable_adaptive_verification=True"):
         config.check_embedded()
+
+
+@pytest.mark.parametrize("key, value", [("parallel_drafting", True), ("use_heterogeneous_vocab", True),
+                                        ("draft_tensor_parallel_size", 2)])
+def test_vllm_only_options_are_refused_by_the_embedded_engine(key, value):
+    config = SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, key: value})
+    with pytest.raises(NotImplementedError, match=f"{key}={value!r} runs only on vLLM"):
+        config.check_embedded()
+    SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}
+                         ).check_embedded()  # the single-device value is fine
