@@ -18,12 +18,11 @@ from spec import AcceptanceStats, Proposal, Proposer, SamplingTensors, rejection
 
 class Engine:
     def __init__(self, runner, proposer: Proposer | None, k_for_batch_size: Callable[[int], int], *,
-                 max_num_seqs: int, max_model_len: int, eos_token_ids: set[int]):
+                 max_num_seqs: int, max_model_len: int):
         self.runner = runner
         self.proposer = proposer
-        self.scheduler = Scheduler(max_num_seqs, k_for_batch_size if proposer is not None else lambda b: 0)
+        self.scheduler = Scheduler(max_num_seqs, k_for_batch_size)
         self.max_model_len = max_model_len
-        self.eos_token_ids = eos_token_ids
         self.stats = AcceptanceStats()
         self.num_steps = 0
 
@@ -84,15 +83,12 @@ class Engine:
     def _cut_at_stop(self, requests: list[Request], proposal: Proposal) -> Proposal:
         """Drop the drafts after a draft stop token: if the stop is accepted the request ends there, so
         verifying (and counting) what follows it would be wasted."""
-        lengths = [next((j + 1 for j, t in enumerate(drafts) if t in self._stop_ids(r)), len(drafts))
+        lengths = [next((j + 1 for j, t in enumerate(drafts) if t in r.stop_ids), len(drafts))
                    for r, drafts in zip(requests, proposal.token_ids)]
         if lengths == proposal.num_draft_tokens:
             return proposal
         return Proposal(_cut(proposal.token_ids, lengths), _cut(proposal.confidence, lengths),
                         None if proposal.draft_probs is None else _cut(proposal.draft_probs, lengths))
-
-    def _stop_ids(self, request: Request) -> set[int]:
-        return self.eos_token_ids | set(request.params.stop_token_ids or ())
 
     def _verify(self, requests: list[Request], proposal: Proposal) -> torch.Tensor:
         """One target forward over sum(k_i + 1) tokens: each row's uncached tokens, then its drafts."""
@@ -109,9 +105,8 @@ class Engine:
         for request, drafts, tokens, logprobs, num_accepted in zip(
                 requests, proposal.token_ids, result.token_ids, result.logprobs, result.num_accepted):
             request.acceptance.observe(len(drafts), num_accepted)
-            stop_ids = self._stop_ids(request)
             # any() stops at the first token that finishes the request: tokens after a stop are dropped
-            if any(request.append(t, lp, stop_ids, self.max_model_len) for t, lp in zip(tokens, logprobs)):
+            if any(request.append(t, lp, self.max_model_len) for t, lp in zip(tokens, logprobs)):
                 self._finish(request)
                 finished.append(request)
             else:

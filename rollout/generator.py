@@ -76,7 +76,7 @@ class RolloutGenerator:
             raise ValueError(f"num_generations={num_generations!r}: must be an integer >= 1")
         prompt_ids = to_token_ids(prompts, self.tokenizer, self.max_model_len)
         engine = Engine(self.runner, self.proposer, self.k_for_batch_size, max_num_seqs=self.max_num_seqs,
-                        max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids)
+                        max_model_len=self.max_model_len)
         requests = self._requests(prompt_ids, num_generations, params)
         for request in requests:
             engine.add(request)
@@ -92,6 +92,7 @@ class RolloutGenerator:
     def _requests(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams):
         base = self.seed * _SEED_MIX + self.num_calls if params.seed is None else params.seed
         num_spec_tokens = self.config.num_speculative_tokens if self.config else 0
+        stop_ids = frozenset(self.eos_token_ids | set(params.stop_token_ids or ()))
         requests = []
         for i, ids in enumerate(prompt_ids):
             group_id = next(self._ids)
@@ -99,7 +100,7 @@ class RolloutGenerator:
                 seed = ((base * _SEED_MIX + i) * _SEED_MIX + j) % (2 ** 63)
                 generator = torch.Generator(device=self.device).manual_seed(seed)
                 requests.append(Request(next(self._ids), group_id, i, j, list(ids), params, generator,
-                                        RequestAcceptance.sized(num_spec_tokens)))
+                                        RequestAcceptance.sized(num_spec_tokens), stop_ids))
         return requests
 
     def _batch(self, requests: list[Request], engine: Engine, elapsed: float) -> RolloutBatch:

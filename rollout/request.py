@@ -25,6 +25,7 @@ class Request:
     params: SamplingParams
     generator: torch.Generator
     acceptance: RequestAcceptance
+    stop_ids: frozenset[int]  # EOS and the params' stop_token_ids
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
@@ -39,11 +40,11 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
-    def append(self, token_id: int, logprob: float, stop_token_ids: set[int], max_model_len: int) -> bool:
+    def append(self, token_id: int, logprob: float, max_model_len: int) -> bool:
         """Commit one token; True when it finishes the request (the stop token itself is kept)."""
         self.output_ids.append(token_id)
         self.logprobs.append(logprob)
-        if token_id in stop_token_ids:
+        if token_id in self.stop_ids:
             self.finish_reason = "stop"
         elif len(self.output_ids) >= self.params.max_tokens or self.num_tokens >= max_model_len:
             self.finish_reason = "length"
