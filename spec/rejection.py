@@ -53,8 +53,7 @@ def rejection_sample(target_logits: torch.Tensor, draft_token_ids: Sequence[Sequ
     q = None if draft_probs is None else _pad_probs(draft_probs, k_max, p.shape[-1])  # [num_reqs, k_max, vocab]
     is_greedy = sampling.is_greedy.tolist()
     counts = [0 if greedy else k + 1 for k, greedy in zip(num_draft_list, is_greedy)]
-    uniform = draw_uniforms(generators, counts, device)  # [num_reqs, <= k_max + 1]: k_r tests, then the token
-    uniform = torch.nn.functional.pad(uniform, (0, k_max + 1 - uniform.shape[1]))
+    uniform = draw_uniforms(generators, counts, k_max + 1, device)  # [num_reqs, k_max + 1]: k_r tests, then the token
     if k_max:
         accepted = _accept(p, logp, pos, drafts, q, num_draft, sampling.is_greedy, uniform)
         num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # [num_reqs]
@@ -63,9 +62,9 @@ def rejection_sample(target_logits: torch.Tensor, draft_token_ids: Sequence[Sequ
 
     rows = torch.arange(len(draft_token_ids), device=device)
     last_pos = pos[rows, num_accepted]  # [num_reqs] where the recovered/bonus token is emitted
-    probs = _next_token_probs(p[last_pos], num_accepted, num_draft, drafts, q)  # [num_reqs, vocab]
     last = logp[last_pos].argmax(dim=-1)  # [num_reqs] greedy rows keep the argmax
     if not all(is_greedy):
+        probs = _next_token_probs(p[last_pos], num_accepted, num_draft, drafts, q)  # [num_reqs, vocab]
         last = torch.where(sampling.is_greedy, last, inverse_cdf_sample(probs, uniform[rows, num_draft]))
     tokens = torch.cat([drafts, last[:, None]], dim=1)  # [num_reqs, k_max + 1], the last token at column a_r:
     tokens = torch.where(torch.arange(k_max + 1, device=device) == num_accepted[:, None], last[:, None], tokens)

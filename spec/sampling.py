@@ -87,10 +87,10 @@ def inverse_cdf_sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tens
     return token.clamp(max=probs.shape[-1] - 1)
 
 
-def draw_uniforms(generators, counts: list[int], device=None) -> torch.Tensor:
-    """[n, max(counts)] uniforms in [0, 1): row i holds counts[i] draws from generators[i] (one call per
+def draw_uniforms(generators, counts: list[int], width: int, device=None) -> torch.Tensor:
+    """[n, width] uniforms in [0, 1): row i holds counts[i] <= width draws from generators[i] (one call per
     generator, none where counts[i] == 0), zero-padded."""
-    uniform = torch.zeros(len(counts), max(counts, default=0))
+    uniform = torch.zeros(len(counts), width)
     for i, (count, generator) in enumerate(zip(counts, generators)):
         if count:
             uniform[i, :count] = torch.rand(count, generator=generator, device=getattr(generator, "device", None))

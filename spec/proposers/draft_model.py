@@ -124,8 +124,9 @@ class DraftModelProposer:
             return drafts.tolist(), _probability_of(logq, drafts), None
         one_hot = torch.nn.functional.one_hot(drafts, logq.shape[-1]).float()
         q = torch.where(sampling.is_greedy[:, None], one_hot, logq.exp())  # [n, vocab]
-        uniform = draw_uniforms([r.generator for r in requests], (~sampling.is_greedy).long().tolist(), q.device)
-        if uniform.shape[1]:
+        if not bool(sampling.is_greedy.all()):
+            counts = (~sampling.is_greedy).long().tolist()  # one draw per sampled request, none for greedy ones
+            uniform = draw_uniforms([r.generator for r in requests], counts, 1, q.device)
             drafts = torch.where(sampling.is_greedy, drafts, inverse_cdf_sample(q, uniform[:, 0]))
         return drafts.tolist(), _probability_of(logq, drafts), q
 
