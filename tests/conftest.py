@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -11,6 +13,12 @@ def tiny_llama(seed: int, vocab_size: int = 48, num_layers: int = 2, eos_token_i
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_len,
                          initializer_range=0.3, eos_token_id=eos_token_id, bos_token_id=None, pad_token_id=None)
     return LlamaForCausalLM(config).eval()
+
+
+def chi2_critical(df: int, z: float = 3.0902) -> float:
+    """Upper 1e-3 quantile of chi-square(df) (z is the normal's), Wilson-Hilferty approximation: within ~1% for
+    df >= 2. Statistical tests compare against it, so a correct sampler fails them with probability ~1e-3."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_llama
+from conftest import chi2_critical, tiny_llama
 
 from rollout import RolloutGenerator, SamplingParams
 from spec.sampling import SamplingTensors, processed_logprobs
@@ -36,11 +36,6 @@ def _chi2_with_merged_bins(counts: dict, probs: dict) -> tuple[float, int]:
     return stat, len(bins) - 1
 
 
-def _chi2_critical(df: int, z: float = 3.0902) -> float:
-    """Upper 1e-3 quantile of chi-square(df) (Wilson-Hilferty approximation)."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
 @pytest.mark.parametrize("method", ["suffix", "draft_model"])
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, -1, 1.0), (0.9, 3, 0.9)])
 def test_sampled_completions_follow_the_target(method, temperature, top_k, top_p):
@@ -62,4 +57,4 @@ def test_sampled_completions_follow_the_target(method, temperature, top_k, top_p
     for sample in batch.samples:
         counts[tuple(sample.completion_ids)] = counts.get(tuple(sample.completion_ids), 0) + 1
     stat, df = _chi2_with_merged_bins(counts, _exact_distribution(target, params))
-    assert stat < _chi2_critical(df), (stat, df)
+    assert stat < chi2_critical(df), (stat, df)

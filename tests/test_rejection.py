@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+from conftest import chi2_critical
 
 from spec.rejection import rejection_sample
 from spec.sampling import SamplingTensors, processed_logprobs
@@ -80,7 +81,7 @@ def test_seeded_determinism(num_reqs, k_max):
 
     def run(seed):
         generators = [torch.Generator().manual_seed(seed + r) for r in range(num_reqs)]
-        return [rejection_sample(logits, drafts, sampling, generators, probs).token_ids for _ in range(1)][0]
+        return rejection_sample(logits, drafts, sampling, generators, probs).token_ids
 
     assert run(100) == run(100)
     runs = {str(run(seed)) for seed in range(100, 120)}
@@ -97,11 +98,6 @@ def test_request_result_does_not_depend_on_its_batch():
                              [torch.Generator().manual_seed(2)], [probs[2]])
     assert alone.token_ids[0] == batch.token_ids[2]
     assert alone.logprobs[0] == pytest.approx(batch.logprobs[2])
-
-
-def _chi2_critical(df, z=3.0902):
-    """Upper 1e-3 quantile of chi-square(df), Wilson-Hilferty approximation (within ~1% for df >= 2)."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
 def _chi2(counts, probs):
@@ -151,11 +147,11 @@ def test_emitted_tokens_follow_the_target_distribution(draft_sample_method, temp
     second = torch.bincount(torch.tensor([t[1] for t in out.token_ids if len(t) > 1]), minlength=VOCAB).float()
     for counts, probs_j in ((first, p[0]), (second, p[1])):
         stat, df = _chi2(counts, probs_j)
-        assert stat < _chi2_critical(max(df, 1)), (stat, counts.tolist(), (probs_j * counts.sum()).tolist())
+        assert stat < chi2_critical(max(df, 1)), (stat, counts.tolist(), (probs_j * counts.sum()).tolist())
     if draft_sample_method == "probabilistic":
         q_smoothed = (q[0] + 1e-3) / (q[0] + 1e-3).sum()  # q may put no mass on tokens that p emits
         q_stat, q_df = _chi2(first, q_smoothed)
-        assert q_stat > 3 * _chi2_critical(q_df)  # negative control: q is distinguishable from p
+        assert q_stat > 3 * chi2_critical(q_df)  # negative control: q is distinguishable from p
 
 
 def test_logprobs_are_those_of_the_processed_target():
