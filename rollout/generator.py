@@ -8,7 +8,7 @@ from tqdm.auto import tqdm
 
 from rollout.default_models import default_model_paths
 from rollout.engine import Engine
-from rollout.loading import check_same_vocab, load_model, load_tokenizer, resolve_device_dtype
+from rollout.loading import check_same_vocab, load_model, load_tokenizer, default_device_dtype
 from rollout.outputs import RolloutBatch, Sample
 from rollout.prompts import to_token_ids
 from rollout.request import Request
@@ -37,7 +37,7 @@ class RolloutGenerator:
         if isinstance(model, str) and model == "default":
             model = default_model_paths()["target"]
         self.config = _as_config(speculative_config, draft_model)  # bad config fails before any loading
-        self.device, self.dtype = resolve_device_dtype(device, dtype)
+        self.device, self.dtype = default_device_dtype(device, dtype)
         self.tokenizer = load_tokenizer(model, tokenizer)
         self.model = load_model(model, self.device, self.dtype, field="model")
         self.max_model_len = max_model_len or min(self.model.config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)

@@ -6,8 +6,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 
-def resolve_device_dtype(device, dtype) -> tuple[torch.device, torch.dtype]:
-    """Defaults: CUDA when available, else CPU; float32 on CPU (fast there, and exact logprobs), bfloat16 on GPU."""
+def default_device_dtype(device, dtype) -> tuple[torch.device, torch.dtype]:
+    """Defaults chosen before any model is loaded (spec's runners default to the loaded model's device instead):
+    CUDA when available, else CPU; float32 on CPU (fast there, and exact logprobs), bfloat16 on GPU."""
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16

@@ -29,7 +29,3 @@ class SamplingParams:
             raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
         if self.stop_token_ids is not None and not all(isinstance(t, int) for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids (int)")
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0
