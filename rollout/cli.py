@@ -10,13 +10,12 @@ from rollout.default_models import default_model_paths
 from rollout.default_task import default_prompts
 from rollout.generator import RolloutGenerator
 from rollout.sampling_params import SamplingParams
+from rollout.tune import main as run_tune
 
-# K by live batch size for the default pair on a 2-core CPU, read off the schedule benchmark
-# (examples/bench_schedule.py, examples/results/): the best static K falls from 8 to 4 to 2 as the batch grows
-# and the target's verification turns compute-bound. K stays >= 1 at large batches: at 256 rows K=2 is about
-# even with no speculation, while K=0 there made the draft model re-read every context when the batch drained
-# and K rose again (0.89x in one run).
-DEFAULT_SCHEDULE = [[1, 2, 8], [3, 96, 4], [97, 1024, 2]]
+# K by live batch size for the default pair on a 2-core CPU: the table `python -m rollout tune --max-num-seqs 256`
+# printed here (acceptance per position 0.87 0.79 0.81 0.79 0.79 0.74 0.67 0.59; predicted speedup 3.4x at batch
+# size 1 falling to 1.3x at 256). Adaptive verification trims below it per request and per step.
+DEFAULT_SCHEDULE = [[1, 12, 8], [13, 34, 7], [35, 101, 6], [102, 256, 5]]
 
 
 def default_speculative_config() -> dict:
@@ -28,22 +27,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rollout", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="roll out prompts with speculative decoding, write JSONL")
-    gen.add_argument("--model", default="default", help="target: a local HF folder, or 'default' (shipped pair)")
-    gen.add_argument("--draft-model", default=None, help="draft model folder (method draft_model)")
-    gen.add_argument("--speculative-config", default=None,
-                     help="the same JSON as vLLM's --speculative-config; 'none' turns speculation off "
-                          "(default: the shipped draft with a per-batch-size schedule)")
-    gen.add_argument("--num-prompts", type=int, default=32, help="prompts generated from the default task")
-    gen.add_argument("--num-generations", type=int, default=4, help="samples per prompt")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=1.0)
+    _add_common(gen, max_num_seqs=64)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--max-num-seqs", type=int, default=64)
-    gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--output", default="rollouts.jsonl", help="JSONL file, one line per sample")
-    gen.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tune = commands.add_parser("tune", help="measure acceptance and step costs; print the per-batch-size schedule "
+                                            "as --speculative-config JSON")
+    _add_common(tune, max_num_seqs=256)
+    tune.add_argument("--max-k", type=int, default=None,
+                      help="largest K to consider (default: the config's num_speculative_tokens)")
+    tune.add_argument("--min-gain", type=float, default=1.02,
+                      help="K = 0 where no K is predicted to beat no speculation by this factor")
+    tune.add_argument("--output", default=None, help="also write the JSON to this file")
     return parser
+
+
+def _add_common(parser: argparse.ArgumentParser, max_num_seqs: int) -> None:
+    parser.add_argument("--model", default="default", help="target: a local HF folder, or 'default' (shipped pair)")
+    parser.add_argument("--draft-model", default=None, help="draft model folder (method draft_model)")
+    parser.add_argument("--speculative-config", default=None,
+                        help="the same JSON as vLLM's --speculative-config; 'none' turns speculation off "
+                             "(default: the shipped draft with a per-batch-size schedule)")
+    parser.add_argument("--num-prompts", type=int, default=32, help="prompts generated from the default task")
+    parser.add_argument("--num-generations", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-num-seqs", type=int, default=max_num_seqs,
+                        help="running requests at most (tune: the largest batch size the schedule covers)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def speculative_config_from_args(args) -> dict | None:
@@ -96,7 +108,14 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     transformers.logging.disable_progress_bar()  # weight-loading bars; ours shows the rollout
     try:
-        generate(args)
+        if args.command == "tune":
+            config = speculative_config_from_args(args)
+            if config is None:
+                raise ValueError("tune needs a speculative config: pass --speculative-config (or use the default "
+                                 "pair, --model default)")
+            run_tune(args, config)
+        else:
+            generate(args)
     except (ValueError, NotImplementedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

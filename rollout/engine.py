@@ -4,6 +4,9 @@ Token ids only; tokenisation lives in the generator. Target cache invariant betw
 slot holds every committed token but the last one, so the next verification feeds that token plus the drafts
 and reads k + 1 logits: position j predicts draft j + 1, the last one the bonus token. After verification the
 slot is cropped back to the invariant: rejected drafts vanish by moving the length back, nothing recomputed.
+
+With adaptive verification (spec/adaptive.py) the proposal is trimmed per request before verification, and
+after it the judged drafts teach the calibrator and the measured times refine the step-cost model.
 """
 
 import time
@@ -13,18 +16,22 @@ import torch
 
 from rollout.request import Request
 from rollout.scheduler import Scheduler, StepPlan
-from spec import AcceptanceStats, Proposal, Proposer, SamplingTensors, rejection_sample
+from spec import (AcceptanceStats, AdaptiveVerifier, Proposal, Proposer, SamplingTensors, VerifyResult,
+                  rejection_sample)
+from spec.step_cost import rows_per_draft_forward
 
 
 class Engine:
     def __init__(self, runner, proposer: Proposer | None, k_for_batch_size: Callable[[int], int], *,
-                 max_num_seqs: int, max_model_len: int):
+                 max_num_seqs: int, max_model_len: int, adaptive: AdaptiveVerifier | None = None):
         self.runner = runner
         self.proposer = proposer
+        self.adaptive = adaptive
         self.scheduler = Scheduler(max_num_seqs, k_for_batch_size)
         self.max_model_len = max_model_len
         self.stats = AcceptanceStats()
         self.num_steps = 0
+        self.num_proposed_drafts = 0  # before adaptive trimming; stats.total counts the verified ones
 
     def add(self, request: Request) -> None:
         self.scheduler.add(request)
@@ -40,15 +47,23 @@ class Engine:
         # Rows in slot order: a full batch then reads its keys as one slice of the cache instead of a gather.
         requests = sorted(plan.requests, key=lambda r: r.slot)
         num_drafts = [min(plan.k_max, r.room_for_drafts(self.max_model_len)) for r in requests]
+        clock = time.perf_counter()
         proposal = self._propose(requests, num_drafts)
-        logits = self._verify(requests, proposal)
-        sampling = SamplingTensors.build([r.params.temperature for r in requests], [r.params.top_k for r in requests],
-                                         [r.params.top_p for r in requests], device=logits.device)
-        result = rejection_sample(logits, proposal.token_ids, sampling, [r.generator for r in requests],
-                                  proposal.draft_probs)
+        drafted, draft_seconds = proposal.num_draft_tokens, time.perf_counter() - clock
+        self.num_proposed_drafts += sum(drafted)
+        num_uncached = sum(r.num_tokens - self.runner.seq_len(r.slot) for r in requests)
+        if self.adaptive is not None and any(drafted):
+            proposal = self._allocate(proposal, num_uncached)
+        clock = time.perf_counter()
+        result = self._verify(requests, proposal)
         self.stats.observe_step(plan.batch_size, plan.k_max)
         self.num_steps += 1
-        return self._commit(requests, proposal, result)
+        finished = self._commit(requests, proposal, result)
+        if self.adaptive is not None:
+            self.adaptive.observe(proposal.confidence, result.num_accepted)
+            self.adaptive.observe_times(len(requests), num_uncached + sum(proposal.num_draft_tokens),
+                                        time.perf_counter() - clock, rows_per_draft_forward(drafted), draft_seconds)
+        return finished
 
     def _prefill(self, plan: StepPlan) -> None:
         """Give each admitted request a slot. A prompt that several requests share is computed once, by a
@@ -80,27 +95,33 @@ class Engine:
         proposal.validate(num_drafts, source=type(self.proposer).__name__)
         return self._cut_at_stop(requests, proposal)
 
+    def _allocate(self, proposal: Proposal, num_uncached: int) -> Proposal:
+        """Keep the prefix of each request's drafts that adaptive verification admits."""
+        budget = self.adaptive.allocate(proposal.confidence, num_uncached)
+        return _trim(proposal, budget.lengths)
+
     def _cut_at_stop(self, requests: list[Request], proposal: Proposal) -> Proposal:
         """Drop the drafts after a draft stop token: if the stop is accepted the request ends there, so
         verifying (and counting) what follows it would be wasted."""
         lengths = [next((j + 1 for j, t in enumerate(drafts) if t in r.stop_ids), len(drafts))
                    for r, drafts in zip(requests, proposal.token_ids)]
-        if lengths == proposal.num_draft_tokens:
-            return proposal
-        return Proposal(_cut(proposal.token_ids, lengths), _cut(proposal.confidence, lengths),
-                        None if proposal.draft_probs is None else _cut(proposal.draft_probs, lengths))
+        return _trim(proposal, lengths)
 
-    def _verify(self, requests: list[Request], proposal: Proposal) -> torch.Tensor:
-        """One target forward over sum(k_i + 1) tokens: each row's uncached tokens, then its drafts."""
+    def _verify(self, requests: list[Request], proposal: Proposal) -> VerifyResult:
+        """One target forward over sum(k_i + 1) tokens (each row's uncached tokens, then its drafts), then
+        rejection sampling."""
         slots = [r.slot for r in requests]
         feeds = [r.token_ids[self.runner.seq_len(r.slot):] + d for r, d in zip(requests, proposal.token_ids)]
         logits = self.runner.forward(slots, feeds, [len(d) + 1 for d in proposal.token_ids])
         if not bool(torch.isfinite(logits).all()):
             raise ValueError("the target model produced non-finite logits (NaN or inf); check its weights and "
                              "dtype (e.g. float16 overflow on CPU: pass dtype=torch.float32)")
-        return logits
+        sampling = SamplingTensors.build([r.params.temperature for r in requests], [r.params.top_k for r in requests],
+                                         [r.params.top_p for r in requests], device=logits.device)
+        return rejection_sample(logits, proposal.token_ids, sampling, [r.generator for r in requests],
+                                proposal.draft_probs)
 
-    def _commit(self, requests: list[Request], proposal: Proposal, result) -> list[Request]:
+    def _commit(self, requests: list[Request], proposal: Proposal, result: VerifyResult) -> list[Request]:
         finished = []
         for request, drafts, tokens, logprobs, num_accepted in zip(
                 requests, proposal.token_ids, result.token_ids, result.logprobs, result.num_accepted):
@@ -139,5 +160,14 @@ class Engine:
         return time.perf_counter() - start
 
 
+def _trim(proposal: Proposal, lengths: list[int]) -> Proposal:
+    """The first lengths[i] drafts of each request."""
+    if lengths == proposal.num_draft_tokens:
+        return proposal
+    return Proposal(_cut(proposal.token_ids, lengths), _cut(proposal.confidence, lengths),
+                    None if proposal.draft_probs is None else _cut(proposal.draft_probs, lengths))
+
+
 def _cut(rows: list, lengths: list[int]) -> list:
     return [row[:n] for row, n in zip(rows, lengths)]
+

@@ -24,7 +24,9 @@ class SpecConfig:
     num_speculative_tokens: the most draft tokens per request per step (K), >= 1.
     num_speculative_tokens_per_batch_size: [[range_start, range_end, K], ...]; K by live batch size
         (spec/schedule.py has the rules); None: always num_speculative_tokens.
-    enable_adaptive_verification: scale each request's K by the drafter's confidence.
+    enable_adaptive_verification: each step, verify per request only the drafts whose calibrated survival pays
+        for their verification time (spec/adaptive.py); K (or the schedule's K) is the cap. Embedded engine:
+        every drafter, with point proposals (greedy draft sampling); vLLM: its DSpark drafter only.
     rejection_sample_method: `standard` (lossless; the only one the embedded engine runs), `synthetic`, `block`.
     draft_sample_method: `greedy` (drafts are the draft distribution's argmax) or `probabilistic` (sampled).
     prompt_lookup_min / prompt_lookup_max: n-gram sizes tried by `ngram`, longest first.
@@ -134,10 +136,11 @@ class SpecConfig:
             if is_set:
                 raise NotImplementedError(f"{name}={getattr(self, name)!r} runs only on vLLM; unset it for the "
                                           "embedded engine or use backend=\"vllm\"")
-        if self.enable_adaptive_verification:
+        if self.enable_adaptive_verification and self.draft_sample_method == "probabilistic":
             raise NotImplementedError(
-                "enable_adaptive_verification=True is not supported by the embedded engine yet; set it to false "
-                "(K then follows num_speculative_tokens_per_batch_size alone)")
+                "enable_adaptive_verification=True with draft_sample_method='probabilistic': choosing which sampled "
+                "drafts to verify from their own probabilities would bias verification against q; use "
+                "draft_sample_method='greedy' (point proposals stay lossless under any choice of drafts)")
         if self.rejection_sample_method != "standard":
             raise NotImplementedError(
                 f"rejection_sample_method={self.rejection_sample_method!r} runs only on vLLM; the embedded "
@@ -148,6 +151,33 @@ class SpecConfig:
         if self.schedule is None:
             return self.num_speculative_tokens
         return self.schedule.k_for_batch_size(batch_size)
+
+    def to_vllm(self) -> dict:
+        """The `speculative_config` dict for `vllm.LLM`: method, K, and every key set away from its default that
+        vLLM reads for this method (n-gram and suffix sizes are always passed, so both engines use the same ones).
+
+        NotImplementedError for what vLLM does not run: adaptive verification with a drafter other than DSpark,
+        and `custom_class` drafters (they implement this project's Proposer protocol, not vLLM's).
+        """
+        if self.enable_adaptive_verification and self.method != "dspark":
+            raise NotImplementedError(
+                f"enable_adaptive_verification=True with method={self.method!r}: vLLM runs adaptive verification "
+                "for method='dspark' only; set it to false (K then follows num_speculative_tokens_per_batch_size) "
+                "or use the embedded engine (backend=\"embedded\"), which runs it for every drafter")
+        if self.method == "custom_class":
+            raise NotImplementedError(
+                f"method='custom_class' (model={self.model!r}): the class implements this project's Proposer "
+                "protocol (spec/proposers/base.py), which vLLM cannot run; use backend=\"embedded\"")
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.init}
+        by_method = {"ngram": ("prompt_lookup_min", "prompt_lookup_max"),
+                     "suffix": tuple(name for name in defaults if name.startswith("suffix_decoding_"))}
+        method_only = {name for names in by_method.values() for name in names}
+        config = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        for name, default in defaults.items():
+            value = getattr(self, name)
+            if name in by_method.get(self.method, ()) or (name not in method_only and value != default):
+                config[name] = [list(r) for r in value] if name == "num_speculative_tokens_per_batch_size" else value
+        return config
 
 
 def _is_int(value) -> bool:

@@ -7,11 +7,13 @@ from pathlib import Path
 
 from rollout import default_model_paths, default_prompts
 from rollout.default_task import reward
+from spec import SpecConfig
 
 
 def _run(*args, cwd):
     return subprocess.run([sys.executable, "-m", "rollout", *args], cwd=cwd, capture_output=True, text=True,
-                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}, timeout=300)
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                               "SPEC_ROLLOUTS_CACHE": str(Path(cwd) / "cache")}, timeout=300)
 
 
 def test_generate_writes_jsonl_and_prints_the_summary(tmp_path):
@@ -59,3 +61,22 @@ def test_default_pair_is_shipped():
     paths = default_model_paths()
     for path in paths.values():
         assert (Path(path) / "model.safetensors").is_file()
+
+
+def test_tune_prints_a_schedule_both_engines_accept(tmp_path):
+    result = _run("tune", "--num-prompts", "4", "--num-generations", "2", "--max-tokens", "24", "--max-num-seqs", "8",
+                  "--max-k", "4", "--output", str(tmp_path / "tuned.json"), "--no-progress", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout.strip().splitlines()[-1])
+    assert config == json.loads((tmp_path / "tuned.json").read_text())
+    spec = SpecConfig.from_dict(config)  # the keys and rules of vLLM's --speculative-config
+    ranges = config["num_speculative_tokens_per_batch_size"]
+    assert ranges[0][0] == 1 and ranges[-1][1] == 8 and all(0 <= k <= 4 for *_, k in ranges)
+    assert spec.num_speculative_tokens == max(1, max(k for *_, k in ranges))
+    assert "acceptance per position" in result.stderr and "predicted speedup" in result.stderr
+    assert list((tmp_path / "cache").glob("step_costs-*.json"))  # the measured costs are cached for later runs
+
+
+def test_tune_without_a_drafter_is_refused(tmp_path):
+    result = _run("tune", "--speculative-config", "none", "--no-progress", cwd=tmp_path)
+    assert result.returncode == 2 and "tune needs a speculative config" in result.stderr

@@ -83,10 +83,12 @@ def test_non_standard_rejection_is_vllm_only():
         config.check_embedded()
 
 
-def test_adaptive_verification_is_refused_rather_than_ignored():
-    config = SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3,
-                                   "enable_adaptive_verification": True})
-    with pytest.raises(NotImplementedError, match="enable_adaptive_verification=True"):
+def test_adaptive_verification_runs_embedded_with_point_proposals_only():
+    SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3,
+                          "enable_adaptive_verification": True}).check_embedded()
+    config = SpecConfig.from_dict({"method": "draft_model", "model": "d", "num_speculative_tokens": 3,
+                                   "enable_adaptive_verification": True, "draft_sample_method": "probabilistic"})
+    with pytest.raises(NotImplementedError, match="draft_sample_method='greedy'"):
         config.check_embedded()
 
 

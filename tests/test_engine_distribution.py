@@ -1,5 +1,6 @@
 """The engine's sampled completions follow the target's distribution exactly, with speculation on."""
 
+import collections
 import itertools
 import math
 
@@ -10,18 +11,18 @@ from conftest import chi2_critical, tiny_llama
 from rollout import RolloutGenerator, SamplingParams
 from spec.sampling import SamplingTensors, processed_logprobs
 
-VOCAB, PROMPT, NUM_SAMPLES = 5, [0, 3, 1], 3000
+VOCAB, PROMPT, LENGTH, NUM_SAMPLES = 5, [0, 3, 1], 3, 3000
 
 
 def _exact_distribution(model, params: SamplingParams) -> dict[tuple, float]:
-    """P(t1, t2 | PROMPT) under the processed target distribution, by enumerating all two-token completions."""
+    """P(completion | PROMPT) under the processed target distribution, enumerating all LENGTH-token completions."""
     sampling = SamplingTensors.build([params.temperature], [params.top_k], [params.top_p])
     probs = {}
-    for t1, t2 in itertools.product(range(VOCAB), repeat=2):
+    for completion in itertools.product(range(VOCAB), repeat=LENGTH):
         with torch.no_grad():
-            logits = model(torch.tensor([PROMPT + [t1]])).logits[0, -2:]  # predicts t1, then t2
-        logp = processed_logprobs(logits, sampling.select([0, 0]))
-        probs[(t1, t2)] = math.exp(float(logp[0, t1] + logp[1, t2]))
+            logits = model(torch.tensor([PROMPT + list(completion[:-1])])).logits[0, -LENGTH:]  # [LENGTH, vocab]
+        logp = processed_logprobs(logits, sampling.select([0] * LENGTH))
+        probs[completion] = math.exp(float(logp[torch.arange(LENGTH), list(completion)].sum()))
     return probs
 
 
@@ -36,23 +37,36 @@ def _chi2_with_merged_bins(counts: dict, probs: dict) -> tuple[float, int]:
     return stat, len(bins) - 1
 
 
-@pytest.mark.parametrize("method", ["suffix", "draft_model"])
+# Adaptive verification under a cost table where a draft pays for itself only at high survival, so that
+# it verifies some drafts and skips others (asserted below).
+COSTS = {"verify": {n: {n: 1.0, 3 * n: 1.8} for n in (1, 8, 64)}, "draft": {1: 0.01, 64: 0.01}}
+
+
+@pytest.mark.parametrize("method", ["suffix", "draft_model", "suffix_adaptive", "draft_model_adaptive"])
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, -1, 1.0), (0.9, 3, 0.9)])
 def test_sampled_completions_follow_the_target(method, temperature, top_k, top_p):
     """3000 sibling completions of one prompt. Suffix drafting proposes from the siblings' outputs (point
-    proposals); the draft model samples its drafts (probabilistic q). Fixed seeds make the run deterministic;
-    the 1e-3 chi-square quantile bounds the false-alarm rate of a correct sampler, and the test fails for a
-    sampler that returns drafts unverified (checked by hand: statistic > 10x the threshold)."""
+    proposals); the draft model samples its drafts (probabilistic q), or, with adaptive verification choosing
+    which drafts to verify, is the target itself drafting greedily (its confidences then vary with the context). Fixed seeds make the run deterministic; the 1e-3 chi-square
+    quantile bounds the false-alarm rate of a correct sampler, and the test fails for a sampler that returns
+    drafts unverified (checked by hand: statistic > 10x the threshold)."""
     target = tiny_llama(10, vocab_size=VOCAB, eos_token_id=None)
-    config = {"method": method, "num_speculative_tokens": 2}
+    drafter = method.removesuffix("_adaptive")
+    config = {"method": drafter, "num_speculative_tokens": 2, "enable_adaptive_verification": drafter != method}
     draft = None
     if method == "draft_model":
         config["draft_sample_method"] = "probabilistic"
         draft = tiny_llama(11, vocab_size=VOCAB, num_layers=1, eos_token_id=None)
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=2)
-    generator = RolloutGenerator(target, speculative_config=config, draft_model=draft, max_num_seqs=64, seed=3)
+    elif method == "draft_model_adaptive":
+        draft = target
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=LENGTH)
+    generator = RolloutGenerator(target, speculative_config=config, draft_model=draft, max_num_seqs=64, seed=3,
+                                 step_costs=COSTS if config["enable_adaptive_verification"] else None)
     batch = generator.generate([PROMPT], NUM_SAMPLES, params, use_tqdm=False)
     assert batch.stats["num_draft_tokens"] > NUM_SAMPLES // 2  # speculation was active
+    if config["enable_adaptive_verification"]:  # the first step offered some requests both drafts, others fewer
+        first_k = collections.Counter(sample.acceptance["k_per_step"][0] for sample in batch.samples)
+        assert first_k[2] > 0 and first_k[0] + first_k[1] > 0, first_k
     counts = {}
     for sample in batch.samples:
         counts[tuple(sample.completion_ids)] = counts.get(tuple(sample.completion_ids), 0) + 1

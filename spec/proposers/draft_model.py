@@ -9,6 +9,8 @@ holds. A step for requests with k > 0:
    holds the shared prompt copies it instead of prefilling it again.
 2. One ragged forward over every row's uncached tokens (one logit per row), then up to k - 1 one-token
    forwards over the rows still drafting. After k drafts the cache holds token_ids + drafts[:k-1].
+   `keep_drafting` (adaptive verification) can end a row early: given each drafting row's confidences so far,
+   it says which rows are worth one more draft.
 
 The draft distribution q is `processed_logprobs` under the request's temperature / top-k / top-p.
 `draft_sample_method="greedy"`: the draft is argmax q, a point proposal (draft_probs=None).
@@ -17,7 +19,7 @@ The draft distribution q is `processed_logprobs` under the request's temperature
 """
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -60,10 +62,11 @@ class DraftModelProposer:
     """Drafts with a loaded HF causal LM through `build_runner` (RaggedRunner when the architecture allows)."""
 
     def __init__(self, model, *, max_num_seqs: int, max_model_len: int, draft_sample_method: str = "greedy",
-                 device=None, dtype=None):
+                 device=None, dtype=None, keep_drafting: Callable[[list[list[float]]], list[bool]] | None = None):
         if draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method={draft_sample_method!r} is not one of {DRAFT_SAMPLE_METHODS}")
         self.draft_sample_method = draft_sample_method
+        self.keep_drafting = keep_drafting
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.runner = build_runner(model, max_num_seqs, max_model_len, device=device, dtype=dtype)
         self._states: dict[int, _DraftState] = {}
@@ -104,6 +107,8 @@ class DraftModelProposer:
         for step in range(max(ks)):
             drafts.add(rows, *self._sample(logits, [requests[i] for i in rows], sampling.select(rows)))
             rows = [i for i in rows if ks[i] > step + 1]
+            if rows and self.keep_drafting is not None:
+                rows = [i for i, keep in zip(rows, self.keep_drafting([drafts.confidence[i] for i in rows])) if keep]
             if not rows:
                 break
             logits = self._feed([states[i] for i in rows], [drafts.token_ids[i][-1:] for i in rows])  # [rows, vocab]

@@ -1,0 +1,92 @@
+"""Confidence calibration: a drafter's raw confidence (draft-model probability, n-gram or suffix match frequency)
+is not the probability that verification accepts the draft. `ConfidenceCalibrator` learns that map online.
+
+Terms. Draft j of a request (0-based position) comes with a raw confidence c in [0, 1]. Its *outcome* is
+observed only when every draft before it was accepted: accepted (1) or rejected (0); drafts after the first
+rejection are never judged. The calibrated confidence a(j, c) estimates P(draft j accepted | drafts < j
+accepted, raw confidence c), the conditional probability whose running product is the survival
+S(r, k) = a(0, c_0) x ... x a(k - 1, c_{k-1}) that adaptive verification ranks (spec/budget.py).
+
+Estimate. Per position (the last one pooled with all later positions) the raw confidences fall into equal-width
+bins; each bin starts from a prior of `prior_weight` pseudo-outcomes at its centre (the identity map: trust the
+drafter until the outcomes say otherwise) and adds the observed outcomes; the bin estimates are then made
+non-decreasing in c by weighted isotonic regression, since a more confident draft should not be accepted less.
+
+Calibration error. Every judged draft's prediction (the calibrated value used for it) and outcome are also
+counted in ten bins of the prediction; the expected calibration error is sum over bins |predicted - observed| /
+num_judged (Naeini et al. 2015). The same is kept for the raw confidences, for comparison.
+"""
+
+import numpy as np
+
+from spec.monotone import isotonic
+
+_NUM_ERROR_BINS = 10
+
+
+class ConfidenceCalibrator:
+    def __init__(self, max_positions: int = 16, num_bins: int = 20, prior_weight: float = 4.0):
+        if max_positions < 1 or num_bins < 1 or prior_weight <= 0:
+            raise ValueError(f"max_positions={max_positions}, num_bins={num_bins}, prior_weight={prior_weight}: "
+                             "need max_positions >= 1, num_bins >= 1 and prior_weight > 0")
+        self.max_positions, self.num_bins, self.prior_weight = max_positions, num_bins, prior_weight
+        self.centres = (np.arange(num_bins) + 0.5) / num_bins  # [num_bins]
+        self.num_accepted = np.zeros((max_positions, num_bins))
+        self.num_judged = np.zeros((max_positions, num_bins))
+        self.table = np.tile(self.centres, (max_positions, 1))  # [max_positions, num_bins]: a(j, bin)
+        self._error = {name: np.zeros((3, _NUM_ERROR_BINS)) for name in ("calibrated", "raw")}
+
+    def calibrate(self, positions: np.ndarray, raw: np.ndarray) -> np.ndarray:
+        """a(j, c) for each (positions[i], raw[i]); both [n]."""
+        return self.table[self._rows(positions), self._bins(raw)]
+
+    def survival(self, confidences: list[list[float]]) -> list[np.ndarray]:
+        """Per request, S(r, k) for k = 1 .. len(confidences[r]): cumulative products of calibrated values."""
+        lengths = [len(c) for c in confidences]
+        if not sum(lengths):
+            return [np.zeros(0) for _ in confidences]
+        positions = np.concatenate([np.arange(n) for n in lengths])
+        calibrated = self.calibrate(positions, np.concatenate([np.asarray(c, dtype=np.float64) for c in confidences]))
+        cu_lengths = np.cumsum(lengths)[:-1]
+        return [np.cumprod(part) for part in np.split(calibrated, cu_lengths)]
+
+    def observe(self, positions: np.ndarray, raw: np.ndarray, accepted: np.ndarray) -> None:
+        """Judged drafts: positions [n], raw confidences [n], outcomes [n] (bool)."""
+        if not len(positions):
+            return
+        accepted = np.asarray(accepted, dtype=np.float64)
+        rows, bins = self._rows(positions), self._bins(raw)
+        self._count_error("calibrated", self.table[rows, bins], accepted)
+        self._count_error("raw", np.clip(raw, 0.0, 1.0), accepted)
+        np.add.at(self.num_judged, (rows, bins), 1.0)
+        np.add.at(self.num_accepted, (rows, bins), accepted)
+        for row in np.unique(rows):
+            self._refit(row)
+
+    def _refit(self, row: int) -> None:
+        weight = self.num_judged[row] + self.prior_weight
+        estimate = (self.num_accepted[row] + self.prior_weight * self.centres) / weight
+        self.table[row] = isotonic(estimate, weight)
+
+    def _count_error(self, name: str, predicted: np.ndarray, accepted: np.ndarray) -> None:
+        bins = np.minimum((predicted * _NUM_ERROR_BINS).astype(np.int64), _NUM_ERROR_BINS - 1)
+        sums = self._error[name]  # rows: predicted sum, outcome sum, count
+        np.add.at(sums[0], bins, predicted)
+        np.add.at(sums[1], bins, accepted)
+        np.add.at(sums[2], bins, 1.0)
+
+    def calibration_error(self, name: str = "calibrated") -> float:
+        """Expected calibration error of the judged drafts so far (0.0 before any); name: calibrated or raw."""
+        predicted, observed, count = self._error[name]
+        return float(np.abs(predicted - observed).sum() / max(count.sum(), 1.0))
+
+    @property
+    def num_observations(self) -> int:
+        return int(self.num_judged.sum())
+
+    def _rows(self, positions: np.ndarray) -> np.ndarray:
+        return np.minimum(np.asarray(positions, dtype=np.int64), self.max_positions - 1)
+
+    def _bins(self, raw: np.ndarray) -> np.ndarray:
+        raw = np.asarray(raw, dtype=np.float64)
+        return np.clip((raw * self.num_bins).astype(np.int64), 0, self.num_bins - 1)

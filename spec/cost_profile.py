@@ -1,0 +1,149 @@
+"""Measuring the step-cost model (spec/step_cost.py) on the running hardware, and caching it on disk.
+
+The profile times the real work on scratch cache slots: for num_reqs on a doubling grid up to max_num_seqs,
+rows holding a typical mid-rollout context verify 1 .. max_tokens_per_row tokens each (target forward and
+rejection sampling), or draft one token each (the draft-model proposer's own propose call). It runs once per (models, dtype, device, threads, grid): the result is a JSON
+file in the cache folder (`$SPEC_ROLLOUTS_CACHE`, else `$XDG_CACHE_HOME/spec-rollouts`, else
+`~/.cache/spec-rollouts`), which later runs load and the engine's online refinement keeps up to date.
+"""
+
+import hashlib
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from spec.proposers.base import DraftRequest
+from spec.rejection import rejection_sample
+from spec.sampling import SamplingTensors
+from spec.monotone import isotonic
+from spec.step_cost import StepCostModel
+
+_CONTEXT = 32  # cached tokens per row while timing: a prompt plus part of a completion
+_REPEATS = 5
+
+
+def cache_dir() -> Path:
+    if os.environ.get("SPEC_ROLLOUTS_CACHE"):
+        return Path(os.environ["SPEC_ROLLOUTS_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "spec-rollouts"
+
+
+def cache_key(target_model, draft_model, dtype: torch.dtype, device: torch.device, max_num_seqs: int,
+              max_tokens_per_row: int) -> dict:
+    """What a measured table depends on: architectures and sizes (not weights), dtype, hardware, grid."""
+    device = torch.device(device)
+    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    return {"target": _architecture(target_model), "draft": None if draft_model is None else _architecture(draft_model),
+            "dtype": str(dtype), "device": f"{device.type}:{hardware}", "threads": torch.get_num_threads(),
+            "max_num_seqs": max_num_seqs, "max_tokens_per_row": max_tokens_per_row}
+
+
+def load_or_profile(key: dict, target_runner, drafter, max_model_len: int,
+                    refresh: bool = False) -> StepCostModel:
+    """The cached table for `key`, or (none cached, or refresh) a fresh profile, then cached."""
+    path = cache_path(key)
+    if path.exists() and not refresh:
+        return StepCostModel.from_dict(json.loads(path.read_text())["costs"])
+    costs = profile(target_runner, drafter, key["max_num_seqs"], key["max_tokens_per_row"], max_model_len)
+    save(costs, key)
+    return costs
+
+
+def cache_path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / f"step_costs-{digest}.json"
+
+
+def save(costs: StepCostModel, key: dict) -> None:
+    """Write atomically: processes sharing the cache folder never read half a file."""
+    path = cache_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": key, "costs": costs.to_dict()}, indent=1))
+    os.replace(tmp, path)
+
+
+@torch.inference_mode()
+def profile(target_runner, drafter, max_num_seqs: int, max_tokens_per_row: int,
+            max_model_len: int) -> StepCostModel:
+    """Seconds on this hardware. Verification: a target forward plus rejection sampling of its logits. Drafting:
+    one `drafter.propose` call per timing, one token per row (a draft-model proposer; None for model-free
+    drafters). Needs max_num_seqs free cache slots in the runner and the drafter; frees them again."""
+    grid = _doubling(max_num_seqs)
+    widths = sorted({1, 2, 3, 5, max_tokens_per_row} & set(range(1, max_tokens_per_row + 1)))
+    context = max(1, min(_CONTEXT, max_model_len - max_tokens_per_row))
+    verify = _time_verification(target_runner, grid, widths, context)
+    draft = None if drafter is None else _time_drafting(drafter, grid, context)
+    return _monotone(verify, draft)
+
+
+def _time_verification(runner, grid: list[int], widths: list[int], context: int) -> dict[int, dict[int, float]]:
+    """{num_reqs: {num_reqs * width: seconds}}."""
+    slots = [runner.allocate() for _ in range(max(grid))]
+    try:
+        runner.forward(slots, [[3] * context] * len(slots), [0] * len(slots))
+        return {n: {n * w: _fastest_time(lambda: _verify(runner, slots[:n], w, context)) for w in widths}
+                for n in grid}
+    finally:
+        for slot in slots:
+            runner.free(slot)
+
+
+def _verify(runner, slots: list[int], width: int, context: int) -> None:
+    logits = runner.forward(slots, [[3] * width] * len(slots), [width] * len(slots))
+    sampling = SamplingTensors.build([1.0] * len(slots), device=logits.device)
+    generators = [torch.Generator(device=logits.device).manual_seed(i) for i in range(len(slots))]
+    rejection_sample(logits, [[3] * (width - 1)] * len(slots), sampling, generators)
+    for slot in slots:
+        runner.crop(slot, context)
+
+
+def _time_drafting(drafter, grid: list[int], context: int) -> dict[int, float]:
+    """{num_reqs: seconds of one draft per row}. The same requests every time: the drafter re-feeds each one's
+    last token (its cache keeps one token uncached), so every call is one forward of one token per row."""
+    requests = [DraftRequest(-1 - i, -1 - i, [3] * context + [4], context) for i in range(max(grid))]
+    try:
+        drafter.propose(requests, [1] * len(requests))  # prefill and warm-up
+        return {n: _fastest_time(lambda: drafter.propose(requests[:n], [1] * n)) for n in grid}
+    finally:
+        for request in requests:
+            drafter.finish(request)
+
+
+def _fastest_time(run) -> float:
+    """The fastest of _REPEATS timed runs after a warm-up: interference from other processes only adds time, so
+    the minimum is the least noisy estimate of the work's own cost."""
+    run()
+    times = []
+    for _ in range(_REPEATS):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _monotone(verify: dict, draft: dict | None) -> StepCostModel:
+    """Timing noise can make a larger batch look cheaper: fit each curve by isotonic regression."""
+    def fit(curve: dict) -> dict:
+        xs = sorted(curve)
+        return {x: float(y) for x, y in zip(xs, isotonic([curve[x] for x in xs]))}
+    return StepCostModel({n: fit(c) for n, c in verify.items()}, None if draft is None else fit(draft))
+
+
+def _doubling(limit: int) -> list[int]:
+    grid, n = [], 1
+    while n < limit:
+        grid.append(n)
+        n *= 2
+    return grid + [limit]
+
+
+def _architecture(model) -> dict:
+    config = model.config
+    return {"class": type(model).__name__, **{name: getattr(config, name, None) for name in (
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "vocab_size")}}

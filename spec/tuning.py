@@ -1,0 +1,45 @@
+"""Deriving the per-batch-size schedule from measured acceptance and step costs (what `python -m rollout tune`
+prints).
+
+With r_j the acceptance rate of draft position j as vLLM reports it (accepted at j / drafted at j: the share of
+steps whose first j + 1 drafts were all accepted), a step with K drafts per row emits 1 + r_0 + ... + r_{K-1}
+tokens per row in expectation. At batch size B it costs K draft forwards of B rows and one verification of
+B (K + 1) tokens, so its speed relative to no speculation is
+
+    speedup(B, K) = (1 + sum_{j<K} r_j) x verify_cost(B, B) / (K draft_cost(B) + verify_cost(B, B (K + 1))).
+
+The schedule takes the best K per batch size, and K = 0 wherever no K beats no speculation by `min_gain`.
+"""
+
+from spec.schedule import BatchSizeSchedule
+from spec.step_cost import StepCostModel
+
+
+def predicted_speedup(acceptance: list[float], costs: StepCostModel, batch_size: int, k: int) -> float:
+    """speedup(B, K) above; acceptance[j] = r_j (K may not exceed len(acceptance))."""
+    if k > len(acceptance):
+        raise ValueError(f"k={k}: acceptance was measured for {len(acceptance)} positions only")
+    expected_tokens = 1.0 + sum(acceptance[:k])
+    step = costs.draft_cost([batch_size] * k) + float(costs.verify_cost(batch_size, batch_size * (k + 1)))
+    return expected_tokens * float(costs.verify_cost(batch_size, batch_size)) / step
+
+
+def best_k(acceptance: list[float], costs: StepCostModel, batch_size: int, min_gain: float) -> tuple[int, float]:
+    """(K, predicted speedup) at one batch size: K = 0 (speedup 1.0) unless some K wins by min_gain."""
+    k, speedup = max(((k, predicted_speedup(acceptance, costs, batch_size, k)) for k in range(1, len(acceptance) + 1)),
+                     key=lambda pair: pair[1], default=(0, 1.0))
+    return (k, speedup) if speedup >= min_gain else (0, 1.0)
+
+
+def tuned_schedule(acceptance: list[float], costs: StepCostModel, max_batch_size: int,
+                   min_gain: float = 1.02) -> list[list[int]]:
+    """[[range_start, range_end, K], ...] covering batch sizes 1 .. max_batch_size (spec/schedule.py rules)."""
+    ranges: list[list[int]] = []
+    for batch_size in range(1, max_batch_size + 1):
+        k, _ = best_k(acceptance, costs, batch_size, min_gain)
+        if ranges and ranges[-1][2] == k:
+            ranges[-1][1] = batch_size
+        else:
+            ranges.append([batch_size, batch_size, k])
+    BatchSizeSchedule(ranges, max(len(acceptance), 1))  # valid by construction; a broken one fails here
+    return ranges

@@ -1,0 +1,77 @@
+"""The step-cost model (spec/step_cost.py) and its measurement and disk cache (spec/cost_profile.py)."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import tiny_llama
+
+from spec import cost_profile
+from spec.model_runner import build_runner
+from spec.proposers.draft_model import DraftModelProposer
+from spec.step_cost import StepCostModel, rows_per_draft_forward
+
+TABLE = {"verify": {1: {1: 1.0, 3: 2.0}, 4: {4: 2.0, 12: 6.0}}, "draft": {1: 0.5, 4: 1.0}}
+
+
+def test_interpolates_in_tokens_then_in_requests():
+    costs = StepCostModel.from_dict(TABLE)
+    assert costs.verify_cost(1, [1, 2, 3, 5]) == pytest.approx([1.0, 1.5, 2.0, 3.0])  # past the end: last slope
+    assert costs.verify_cost(4, 8) == pytest.approx(4.0)
+    assert costs.verify_cost(2, 4) == pytest.approx(2 / 3 * 2.5 + 1 / 3 * 2.0)  # 2 rows: a third of the way to 4
+    assert costs.verify_cost(9, 12) == pytest.approx(6.0)  # beyond the grid: the largest row
+    assert costs.draft_cost([4, 2, 1]) == pytest.approx(1.0 + 2 / 3 + 0.5)
+    assert StepCostModel.from_dict({"verify": TABLE["verify"]}).draft_cost([4]) == 0.0  # model-free drafter
+
+
+def test_json_round_trip_with_string_keys():
+    costs = StepCostModel.from_dict(json.loads(json.dumps(TABLE)))
+    assert costs.to_dict() == StepCostModel.from_dict(TABLE).to_dict()
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"verify": {1: {1: 1.0, 2: 0.5}}}, r"step_costs\['verify'\]\[1\]: cost falls from 1 s at 1 to 0.5 s at 2"),
+    ({"verify": {1: {1: 0.0}}}, r"cost 0.0 at 1 is not positive"),
+    ({"verify": {1: {1: -1.0}}}, r"is not positive"),
+    ({"verify": {1: {1: 1.0}}, "draft": {1: 2.0, 8: 1.0}}, r"step_costs\['draft'\]: cost falls"),
+    ({"verify": {"x": {1: 1.0}}}, r"key 'x' is not a positive integer"),
+    ({"verify": {}}, r"expected a non-empty"),
+    ({"draft": {1: 1.0}}, r"expected \{'verify'"),
+])
+def test_bad_tables_are_refused(table, message):
+    with pytest.raises(ValueError, match=message):
+        StepCostModel.from_dict(table)
+
+
+def test_online_refinement_follows_observed_times_and_stays_monotone():
+    costs = StepCostModel.from_dict(TABLE)
+    for _ in range(200):
+        costs.observe_verify(4, 4, 4.0)  # twice the table's 2.0 s
+    assert costs.verify_cost(4, 4) == pytest.approx(4.0, rel=0.01)
+    assert costs.verify_cost(4, 12) >= costs.verify_cost(4, 4)  # pulled up with it: still non-decreasing
+    for _ in range(200):
+        costs.observe_draft(1, 0.25)
+    assert costs.draft_cost([1]) == pytest.approx(0.25, rel=0.01)
+
+
+def test_rows_per_draft_forward():
+    assert rows_per_draft_forward([3, 0, 1]) == [2, 1, 1]
+    assert rows_per_draft_forward([]) == []
+
+
+def test_profile_measures_monotone_positive_costs_and_caches_them(step_cost_cache):
+    target, draft = tiny_llama(0), tiny_llama(1, num_layers=1)
+    target_runner, drafter = build_runner(target, 4, 64), DraftModelProposer(draft, max_num_seqs=4, max_model_len=64)
+    key = cost_profile.cache_key(target, draft, target.dtype, "cpu", max_num_seqs=4, max_tokens_per_row=3)
+    costs = cost_profile.load_or_profile(key, target_runner, drafter, max_model_len=64)
+    assert sorted(costs.verify) == [1, 2, 4] and sorted(costs.draft) == [1, 2, 4]
+    for curve in [*costs.verify.values(), costs.draft]:
+        values = list(curve.values())
+        assert min(values) > 0 and values == sorted(values)
+    assert sorted(costs.verify[4]) == [4, 8, 12]  # 1, 2 and 3 tokens per row
+    assert target_runner.num_free_slots == 4 and drafter.runner.num_free_slots == 4  # scratch slots returned
+    path = cost_profile.cache_path(key)
+    assert path.parent == step_cost_cache and json.loads(path.read_text())["key"] == key
+    assert cost_profile.load_or_profile(key, None, None, 64).to_dict() == costs.to_dict()  # no runner: from disk
+    other = dict(key, dtype="torch.float16")
+    assert cost_profile.cache_path(other) != path

@@ -1,0 +1,49 @@
+"""Deriving the per-batch-size schedule from acceptance and step costs (spec/tuning.py)."""
+
+import pytest
+
+from spec import BatchSizeSchedule, StepCostModel
+from spec.tuning import best_k, predicted_speedup, tuned_schedule
+
+ACCEPTANCE = [0.8, 0.6, 0.4]  # vLLM-style per-position rates: each includes the positions before it
+
+
+def _costs(compute_bound_from: int) -> StepCostModel:
+    """Verification is memory-bound (flat in tokens) below `compute_bound_from` rows and linear in tokens above;
+    a draft forward costs a tenth of a one-token verification."""
+    verify = {}
+    for n in (1, 2, 4, 8, 16, 32, 64, 128):
+        slope = 0.0 if n < compute_bound_from else 1.0 / n
+        verify[n] = {n: 1.0, 4 * n: 1.0 + slope * 3 * n}
+    return StepCostModel(verify, {n: 0.1 for n in (1, 128)})
+
+
+def test_predicted_speedup_by_hand():
+    costs = _costs(compute_bound_from=64)
+    assert predicted_speedup(ACCEPTANCE, costs, 4, 0) == pytest.approx(1.0)
+    assert predicted_speedup(ACCEPTANCE, costs, 4, 2) == pytest.approx((1 + 0.8 + 0.6) / (2 * 0.1 + 1.0))
+    assert predicted_speedup(ACCEPTANCE, costs, 64, 3) == pytest.approx((1 + 1.8) / (0.3 + 4.0))
+    with pytest.raises(ValueError, match="measured for 3 positions"):
+        predicted_speedup(ACCEPTANCE, costs, 4, 4)
+
+
+def test_schedule_speculates_while_it_pays_and_turns_off_where_it_loses():
+    costs = _costs(compute_bound_from=64)
+    ranges = tuned_schedule(ACCEPTANCE, costs, 128)
+    schedule = BatchSizeSchedule(ranges, 3)  # valid under the schedule rules
+    assert ranges[0][0] == 1 and ranges[-1][1] == 128
+    assert schedule.k_for_batch_size(1) == 3  # free verification: draft as far as acceptance allows
+    assert schedule.k_for_batch_size(128) == 0  # every extra token costs a full row: speculation loses
+    assert best_k(ACCEPTANCE, costs, 128, 1.02) == (0, 1.0)
+    for batch_size in range(1, 129):
+        k = schedule.k_for_batch_size(batch_size)
+        speedups = [predicted_speedup(ACCEPTANCE, costs, batch_size, j) for j in range(4)]
+        assert speedups[k] == pytest.approx(max(speedups)) or (k == 0 and max(speedups) < 1.02)
+
+
+def test_min_gain_keeps_marginal_speculation_off():
+    costs = _costs(compute_bound_from=1)  # every batch size compute-bound: K=1 gives 1.8 / (0.1 + 2.0)
+    assert best_k(ACCEPTANCE, costs, 8, min_gain=1.0)[0] == 0  # 0.86x: a loss even without a margin
+    flat = _costs(compute_bound_from=1000)
+    assert best_k(ACCEPTANCE, flat, 8, min_gain=2.5) == (0, 1.0)  # K=3: 2.8 / 1.3 = 2.15x, not the 2.5x asked
+    assert best_k(ACCEPTANCE, flat, 8, min_gain=1.02)[0] == 3
