@@ -176,8 +176,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--output-dir", default="examples/results")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's); 1 keeps a shared machine's other jobs from stalling "
+                             "OpenMP's spinning threads")
     args = parser.parse_args()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     # Every arm runs the same in-memory target (and draft) weights, so no arm pays for another's cache misses.
     target, draft = load("target"), load("draft")
@@ -198,7 +203,8 @@ def main() -> None:
         results[workload]["acceptance_rate_per_position"] = acceptance
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_speculation.json").write_text(json.dumps({"schedule": DEFAULT_SCHEDULE, "workloads": results,
+    (out / "bench_speculation.json").write_text(json.dumps({"schedule": DEFAULT_SCHEDULE, "threads": torch.get_num_threads(),
+                                                             "workloads": results,
                                                              "step_costs": costs.to_dict()}, indent=1))
     plot({w: {b: r for b, r in by.items() if isinstance(b, int)} for w, by in results.items()},
          out / "bench_speculation.png")

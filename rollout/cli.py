@@ -12,10 +12,12 @@ from rollout.generator import RolloutGenerator
 from rollout.sampling_params import SamplingParams
 from rollout.tune import main as run_tune
 
-# K by live batch size for the default pair on a 2-core CPU: the table `python -m rollout tune --max-num-seqs 256`
-# printed here (acceptance per position 0.87 0.79 0.81 0.79 0.79 0.74 0.67 0.59; predicted speedup 3.4x at batch
-# size 1 falling to 1.3x at 256). Adaptive verification trims below it per request and per step.
-DEFAULT_SCHEDULE = [[1, 12, 8], [13, 34, 7], [35, 101, 6], [102, 256, 5]]
+# K by live batch size for the default pair on a 2-core CPU, read off the measured speculation benchmark
+# (examples/bench_speculation.py, examples/results/): the best static K falls from 8 to 4 to 2 as the batch grows
+# and the target's verification turns compute-bound. `python -m rollout tune` predicts a deeper schedule
+# ([[1, 12, 8], [13, 34, 7], [35, 101, 6], [102, 256, 5]] here), which measured 5-15% slower from batch size 4 on:
+# its steady-state model misses the short completions' truncated last steps and the draining batch's tail.
+DEFAULT_SCHEDULE = [[1, 2, 8], [3, 96, 4], [97, 1024, 2]]
 
 
 def default_speculative_config() -> dict:

@@ -2,6 +2,7 @@
 samples in input order with their logprobs and acceptance records."""
 
 import itertools
+import time
 
 import torch
 from tqdm.auto import tqdm
@@ -18,6 +19,7 @@ from spec import cost_profile
 from spec.model_runner import build_runner
 
 _SEED_MIX = 1_000_003
+_COST_SAVE_INTERVAL_S = 60.0  # refined step costs go back to the disk cache at most this often
 DEFAULT_MAX_MODEL_LEN = 2048
 
 
@@ -71,6 +73,7 @@ class RolloutGenerator:
             max_model_len=self.max_model_len, device=self.device, dtype=self.dtype,
             keep_drafting=None if self.adaptive is None else self.adaptive.keep_drafting)
         self._cost_key = None  # the disk-cache key of measured step costs (measure_step_costs)
+        self._cost_saved_at = time.monotonic()
         if self.adaptive is not None:
             self.adaptive.costs = user_costs or self.measure_step_costs()
             self.adaptive.refine = user_costs is None
@@ -118,8 +121,14 @@ class RolloutGenerator:
                 raise
         self.num_calls += 1
         if self.adaptive is not None and self.adaptive.refine:
-            cost_profile.save(self.adaptive.costs, self._cost_key)  # refined by this call's step times
+            self._save_step_costs()
         return self._batch(requests, engine, elapsed)
+
+    def _save_step_costs(self) -> None:
+        """Write the refined step costs to the disk cache: after the first call, then at most once a minute."""
+        if self.num_calls == 1 or time.monotonic() - self._cost_saved_at > _COST_SAVE_INTERVAL_S:
+            cost_profile.save(self.adaptive.costs, self._cost_key)
+            self._cost_saved_at = time.monotonic()
 
     def measure_step_costs(self, refresh: bool = False) -> StepCostModel:
         """The step-cost model of these models on this hardware (spec/step_cost.py): from the disk cache, or

@@ -11,6 +11,8 @@ Estimate. Per position (the last one pooled with all later positions) the raw co
 bins; each bin starts from a prior of `prior_weight` pseudo-outcomes at its centre (the identity map: trust the
 drafter until the outcomes say otherwise) and adds the observed outcomes; the bin estimates are then made
 non-decreasing in c by weighted isotonic regression, since a more confident draft should not be accepted less.
+A position's map is refitted once its new outcomes reach 2% of those it has (every step at first, rarely once
+thousands are in), which keeps the per-step cost low.
 
 Calibration error. Every judged draft's prediction (the calibrated value used for it) and outcome are also
 counted in ten bins of the prediction; the expected calibration error is sum over bins |predicted - observed| /
@@ -25,6 +27,8 @@ _NUM_ERROR_BINS = 10
 
 
 class ConfidenceCalibrator:
+    _REFIT_SHARE = 0.02  # a position's map is refitted once its new outcomes reach 2% of those it has
+
     def __init__(self, max_positions: int = 16, num_bins: int = 20, prior_weight: float = 4.0):
         if max_positions < 1 or num_bins < 1 or prior_weight <= 0:
             raise ValueError(f"max_positions={max_positions}, num_bins={num_bins}, prior_weight={prior_weight}: "
@@ -34,6 +38,7 @@ class ConfidenceCalibrator:
         self.num_accepted = np.zeros((max_positions, num_bins))
         self.num_judged = np.zeros((max_positions, num_bins))
         self.table = np.tile(self.centres, (max_positions, 1))  # [max_positions, num_bins]: a(j, bin)
+        self._num_unfitted = np.zeros(max_positions)  # outcomes per position since its last refit
         self._error = {name: np.zeros((3, _NUM_ERROR_BINS)) for name in ("calibrated", "raw")}
 
     def calibrate(self, positions: np.ndarray, raw: np.ndarray) -> np.ndarray:
@@ -60,10 +65,13 @@ class ConfidenceCalibrator:
         self._count_error("raw", np.clip(raw, 0.0, 1.0), accepted)
         np.add.at(self.num_judged, (rows, bins), 1.0)
         np.add.at(self.num_accepted, (rows, bins), accepted)
-        for row in np.unique(rows):
+        self._num_unfitted += np.bincount(rows, minlength=self.max_positions)
+        is_due = self._num_unfitted >= np.maximum(1.0, self._REFIT_SHARE * self.num_judged.sum(axis=1))
+        for row in np.flatnonzero(is_due):
             self._refit(row)
 
     def _refit(self, row: int) -> None:
+        self._num_unfitted[row] = 0
         weight = self.num_judged[row] + self.prior_weight
         estimate = (self.num_accepted[row] + self.prior_weight * self.centres) / weight
         self.table[row] = isotonic(estimate, weight)

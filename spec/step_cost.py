@@ -9,8 +9,9 @@ draft_cost(num_reqs): one draft-model forward over `num_reqs` rows (one token ea
     cells through online refinement.
 
 Every cost is > 0 and non-decreasing in num_tokens (verify) and in num_reqs (draft): a table that breaks this is a
-ValueError; measured tables are projected onto it by isotonic regression. `observe_*` refine the cells that
-produced a prediction from the step times the engine measures (multiplicative, exponentially weighted).
+ValueError; measured tables are projected onto it (spec/cost_profile.py). `observe_*` refine the curves that
+produced a prediction from the step times the engine measures: an exponentially weighted shift of each curve's
+level, which keeps the slopes the profile measured (they decide the budget) and learns the per-step overhead.
 """
 
 import json
@@ -18,10 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spec.monotone import isotonic
 
 FIELD = "step_costs"
 _REFINE_RATE = 0.1  # weight of one observed step time in a cell's running estimate
+_MAX_RATIO = 2.0  # one observation counts at most as if it took 2x (or 0x) the prediction: a step stalled by
+# another process or a garbage collection must not undo what many steps measured
+_MIN_SECONDS = 1e-6
 
 
 @dataclass
@@ -58,20 +61,23 @@ class StepCostModel:
 
     def draft_cost(self, rows_per_forward) -> float:
         """Seconds for draft forwards with the given numbers of rows (one entry per forward)."""
-        if self.draft is None or not len(rows_per_forward):
-            return 0.0
-        return float(_interp(self.draft, np.asarray(rows_per_forward, dtype=np.float64)).sum())
+        return float(self.draft_forward_costs(rows_per_forward).sum())
+
+    def draft_forward_costs(self, num_rows) -> np.ndarray:
+        """Seconds of one draft forward for each entry of num_rows (zeros for a model-free drafter)."""
+        num_rows = np.asarray(num_rows, dtype=np.float64)
+        return np.zeros_like(num_rows) if self.draft is None else _interp(self.draft, num_rows)
 
     def observe_verify(self, num_reqs: int, num_tokens: int, seconds: float) -> None:
         (low, high), weight = self._bracket(num_reqs)
-        ratio = seconds / float(self.verify_cost(num_reqs, num_tokens))
+        delta = _bounded(seconds, float(self.verify_cost(num_reqs, num_tokens)))
         for n, share in ((low, 1 - weight), (high, weight)):
             if share > 0:
-                _refine(self.verify[n], num_tokens, ratio, share)
+                _shift(self.verify[n], _REFINE_RATE * share * delta)
 
     def observe_draft(self, num_reqs: int, seconds_per_forward: float) -> None:
         if self.draft is not None:
-            _refine(self.draft, num_reqs, seconds_per_forward / self.draft_cost([num_reqs]), 1.0)
+            _shift(self.draft, _REFINE_RATE * _bounded(seconds_per_forward, self.draft_cost([num_reqs])))
 
     def _bracket(self, num_reqs: int) -> tuple[tuple[int, int], float]:
         """The two grid num_reqs around num_reqs and the interpolation weight of the upper one."""
@@ -99,19 +105,18 @@ def _interp(curve: dict[int, float], x: np.ndarray) -> np.ndarray:
     return y
 
 
-def _refine(curve: dict[int, float], x: float, ratio: float, share: float) -> None:
-    """Scale the (at most two) points around x towards the observed/predicted ratio, then restore monotonicity."""
-    xs = list(curve)
-    i = int(np.searchsorted(xs, x))
-    if i == 0 or i == len(xs):
-        neighbours = {xs[min(i, len(xs) - 1)]: 1.0}
-    else:
-        w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-        neighbours = {xs[i - 1]: 1 - w, xs[i]: w}
-    for point, w in neighbours.items():
-        curve[point] *= 1 + _REFINE_RATE * share * w * (ratio - 1)
-    for point, value in zip(xs, isotonic(list(curve.values()))):
-        curve[point] = float(value)
+def _bounded(observed: float, predicted: float) -> float:
+    """observed - predicted, at most (_MAX_RATIO - 1) x predicted either way."""
+    limit = (_MAX_RATIO - 1) * predicted
+    return min(max(observed - predicted, -limit), limit)
+
+
+def _shift(curve: dict[int, float], delta: float) -> None:
+    """Move the whole curve by delta seconds (kept positive): what the profile misses is per-step work (Python,
+    sampling, commit) that does not grow with the tokens, so the observed level moves and the measured slopes stay.
+    A non-decreasing curve stays non-decreasing."""
+    for point, value in curve.items():
+        curve[point] = max(value + delta, _MIN_SECONDS)
 
 
 def _parse_verify(table) -> dict[int, dict[int, float]]:

@@ -3,7 +3,8 @@
 import pytest
 
 from rollout import RolloutGenerator, SamplingParams
-from spec import DraftRequest, Proposal, StepCostModel
+from spec import AdaptiveVerifier, ConfidenceCalibrator, DraftRequest, Proposal, StepCostModel
+from spec import cost_profile
 from spec.proposers.draft_model import DraftModelProposer
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9], [3, 4], [10, 11, 12, 13, 14, 10, 11, 12], [20, 21, 22], [30] * 6, [8, 2]]
@@ -96,8 +97,8 @@ def test_measured_costs_work_and_are_cached(target, draft, plain_greedy, step_co
     generator = _generator(target, config, draft_model, step_costs=None)
     batch = generator.generate(PROMPTS, 2, GREEDY, use_tqdm=False)
     assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain_greedy.samples]
-    cached = list(step_cost_cache.glob("step_costs-*.json"))
-    assert len(cached) == 1
+    path = cost_profile.cache_path(generator._cost_key)
+    assert path.parent == step_cost_cache and path.exists()
     again = _generator(target, config, draft_model, step_costs=None)  # loads the refined table
     assert again.adaptive.costs.to_dict() == generator.adaptive.costs.to_dict()
 
@@ -171,3 +172,17 @@ def test_a_cost_table_can_be_a_json_file(target, tmp_path):
     path.write_text(__import__("json").dumps(MODERATE))
     generator = _generator(target, _config("ngram", prompt_lookup_min=1), step_costs=str(path))
     assert generator.adaptive.costs.to_dict() == StepCostModel.from_dict(MODERATE).to_dict()
+
+
+def test_drafting_extends_the_requests_whose_next_drafts_pay_for_a_forward():
+    costs = StepCostModel({1: {1: 1.0, 10: 1.0}}, {1: 0.2, 8: 0.2})  # a draft forward: 0.2 s whatever its rows
+    adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
+    assert adaptive.keep_drafting([[0.95], [0.05]]) == [True, True]  # before any allocation: up to k_max
+    adaptive.rate, adaptive.threshold = 1.0, 0.1  # 1 token/s; a verified token pays above survival 0.1
+    # Identity calibration: next survivals 0.95^2 = 0.90 and 0.05^2 = 0.0025. Extending the first alone nets
+    # 0.90 - 0.1 - 1.0 x 0.2 = 0.60 tokens; adding the second would lose 0.0975 more.
+    assert adaptive.keep_drafting([[0.95], [0.05]]) == [True, False]
+    # 0.55^2 = 0.30 each: one alone nets 0.0025, both share the forward and net 0.205
+    assert adaptive.keep_drafting([[0.55], [0.55]]) == [True, True]
+    adaptive.rate = 2.0  # a forward now costs 0.4 tokens' worth: a lone 0.30 does not pay
+    assert adaptive.keep_drafting([[0.55]]) == [False]
