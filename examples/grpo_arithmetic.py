@@ -1,0 +1,150 @@
+"""GRPO on the default pair's arithmetic task with speculative rollouts: TRL's GRPOTrainer with a RolloutGenerator
+as its rollout function and SpecRolloutCallback (weight sync, acceptance metrics, optional drafter refresh).
+
+    python examples/grpo_arithmetic.py                        # one process (CPU, or a GPU when there is one)
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \\
+        --mixed_precision no --dynamo_backend no examples/grpo_arithmetic.py       # two CPU processes
+    ACCELERATE_USE_CPU=1 accelerate launch --config_file examples/accelerate_cpu.yaml \\
+        examples/grpo_arithmetic.py                                                # the same, from a config file
+    accelerate launch --num_processes 2 examples/grpo_arithmetic.py               # two GPUs
+
+The policy starts from the shipped target (right on about 40% of problems at temperature 1); the reward is 1 for
+the right answer, else 0. The policy trains on a fixed set of --num-problems problems, --prompts-per-step of them
+per step, so a short run revisits each one several times. Each step prints the batch's reward and the rollout's
+acceptance; before and after training the generator rolls out --eval-samples samples of every training problem
+and 4 of each of --num-held-out unseen ones, and the mean rewards are printed (after training, with the final
+weights synced). Every process builds its own generator on its own device and rolls out its own share of the
+prompts.
+
+What a 30-step CPU run shows (float32, 2 cores, about 2.5 minutes): the batch reward climbs from about 0.4 to
+0.5-0.7 and the reward on the training problems rises (0.381 -> 0.559 in our run), while the held-out reward stays
+put (0.402 -> 0.381): a short run sharpens the policy on the problems it sees. Learning rate: 5e-5; at 1e-4 and
+above the reward fell on this 6M-parameter policy (Adam's first, sign-like steps move every weight by the learning
+rate).
+"""
+
+import argparse
+import math
+import os
+import statistics
+import time
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts, default_task
+from rollout.cli import default_speculative_config
+from trainers import SpecRolloutCallback
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16
+HELD_OUT_SEED = 10_000  # far from the training problems' seeds
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--max-steps", type=int, default=30)
+    p.add_argument("--num-problems", type=int, default=64, help="the training set, cycled through")
+    p.add_argument("--prompts-per-step", type=int, default=16, help="over all processes")
+    p.add_argument("--num-generations", type=int, default=8)
+    p.add_argument("--learning-rate", type=float, default=5e-5)
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-completion-length", type=int, default=48)
+    p.add_argument("--drafter-refresh-steps", type=int, default=0, help="distil the draft every N steps; 0: off")
+    p.add_argument("--eval-samples", type=int, default=8, help="samples per training problem in the evaluation")
+    p.add_argument("--num-held-out", type=int, default=256, help="unseen problems evaluated (4 samples); 0: none")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", default="/tmp/grpo_arithmetic")
+    return p.parse_args(argv)
+
+
+def reward_correct(prompts, completions, **kwargs) -> list[float]:
+    return [default_task.reward(p, c) for p, c in zip(prompts, completions)]
+
+
+class PrintProgress(TrainerCallback):
+    """One line per logged step on the main process: reward and the rollout's acceptance."""
+
+    def __init__(self, max_steps: int):
+        self.max_steps, self.start = max_steps, time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or "reward" not in logs:
+            return
+        print(f"step {state.global_step:>3}/{self.max_steps}  reward {logs['reward']:.3f}  "
+              f"acceptance {logs['spec/acceptance_rate']:.3f}  "
+              f"mean acceptance length {logs['spec/mean_acceptance_length']:.2f}  "
+              f"mean K {logs['spec/mean_k']:.2f}  rollout {logs['spec/rollout_tokens_per_s']:.0f} tok/s  "
+              f"IS ratio {logs.get('sampling/importance_sampling_ratio/mean', float('nan')):.4f}  "
+              f"[{time.perf_counter() - self.start:.0f}s]", flush=True)
+
+
+def grpo_config(args, num_processes: int) -> GRPOConfig:
+    rows = args.prompts_per_step * args.num_generations
+    if rows % num_processes:
+        raise ValueError(f"--prompts-per-step={args.prompts_per_step} x --num-generations={args.num_generations} "
+                         f"rows do not split over {num_processes} processes; change either")
+    return GRPOConfig(output_dir=args.output_dir, max_steps=args.max_steps, learning_rate=args.learning_rate,
+                      lr_scheduler_type="constant_with_warmup", warmup_steps=args.warmup_steps,
+                      per_device_train_batch_size=rows // num_processes, num_generations=args.num_generations,
+                      temperature=args.temperature, max_completion_length=args.max_completion_length,
+                      bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(), logging_steps=1,
+                      report_to=[], save_strategy="no", disable_tqdm=True, seed=args.seed)
+
+
+def mean_reward(generator: RolloutGenerator, prompts: list[str], num_samples: int, args) -> float:
+    """The reward's mean over num_samples samples of each prompt at the training temperature."""
+    if not prompts:
+        return float("nan")
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_completion_length, seed=args.seed)
+    batch = generator.generate(prompts, num_samples, params, use_tqdm=False)
+    return statistics.mean(default_task.reward(prompts[s.prompt_index], s.text) for s in batch.samples)
+
+
+def evaluate(generator: RolloutGenerator, problems: list[str], held_out: list[str], args) -> dict[str, float]:
+    return {"train_problems": mean_reward(generator, problems, args.eval_samples, args),
+            "held_out": mean_reward(generator, held_out, 4, args)}
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    # The config sets up the process group (before anything else may set it up as one process); under accelerate
+    # launch or torchrun WORLD_SIZE says how many processes share each step.
+    config = grpo_config(args, num_processes=int(os.environ.get("WORLD_SIZE", 1)))
+    paths = default_model_paths()
+    policy = AutoModelForCausalLM.from_pretrained(paths["target"], dtype=torch.float32)
+    generator = RolloutGenerator("default", speculative_config=default_speculative_config(), device=config.device,
+                                 seed=args.seed)
+    callback = SpecRolloutCallback(generator, drafter_refresh_steps=args.drafter_refresh_steps or None)
+    problems = default_prompts(args.num_problems, seed=args.seed)
+    trainer = GRPOTrainer(model=policy, reward_funcs=reward_correct, args=config,
+                          train_dataset=Dataset.from_dict({"prompt": problems}),
+                          processing_class=AutoTokenizer.from_pretrained(paths["target"]),
+                          rollout_func=generator, callbacks=[callback, PrintProgress(args.max_steps)])
+    trainer.remove_callback(PrinterCallback)  # PrintProgress prints the lines that matter instead of every log
+    held_out = default_prompts(args.num_held_out, seed=HELD_OUT_SEED)
+    before = evaluate(generator, problems, held_out, args)
+    trainer.train()
+    callback.weight_sync.sync(trainer)  # the last step's weights (the callback syncs before each rollout)
+    after = evaluate(generator, problems, held_out, args)
+    history = [entry for entry in trainer.state.log_history if "reward" in entry]
+    if trainer.accelerator.is_main_process:
+        print(summary(history, before, after))
+    return {"history": history, "reward_before": before, "reward_after": after}
+
+
+def summary(history: list[dict], before: dict, after: dict) -> str:
+    acceptance = statistics.mean(e["spec/acceptance_rate"] for e in history)
+    lines = [f"reward on the training problems: {before['train_problems']:.3f} before -> "
+             f"{after['train_problems']:.3f} after ({after['train_problems'] - before['train_problems']:+.3f})"]
+    if not math.isnan(before["held_out"]):
+        lines.append(f"reward on held-out problems:     {before['held_out']:.3f} before -> {after['held_out']:.3f} "
+                     "after")
+    return "\n".join(lines + [f"mean acceptance over the run: {acceptance:.3f}"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Two CPU processes under `accelerate launch` (the command in CONTEXT.md and the README): each process gets its own
+prompts' rollouts back, groups split between processes are sampled independently, metrics are gathered, and the
+GRPO example runs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from rollout import default_model_paths
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+def _launch(script: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([*LAUNCH, str(script), *args], env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    output_dir = tmp_path_factory.mktemp("two_process")
+    _launch(ROOT / "tests" / "two_process_grpo.py", str(output_dir))
+    return [json.loads((output_dir / f"rank{i}.json").read_text()) for i in range(2)]
+
+
+def test_each_process_gets_its_own_prompts_back(ranks):
+    tokenizer = AutoTokenizer.from_pretrained(default_model_paths()["target"])
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    for rank in ranks:
+        assert len(rank["calls"]) == 2  # one rollout per step
+        for call in rank["calls"]:
+            assert len(call["prompts"]) == len(call["prompt_ids"]) == len(call["completion_ids"]) == 6
+            assert call["prompt_ids"] == [tokenizer(p)["input_ids"] for p in call["prompts"]]
+            assert all(1 <= n == len(c) <= 12 for n, c in zip(call["num_logprobs"], call["completion_ids"]))
+    for step in range(2):
+        rows = ranks[0]["calls"][step]["prompts"] + ranks[1]["calls"][step]["prompts"]
+        assert ranks[0]["calls"][step]["prompts"] != ranks[1]["calls"][step]["prompts"]
+        assert all(len(set(rows[i:i + 4])) == 1 for i in range(0, 12, 4))  # 3 groups, the middle one split
+
+
+def test_a_split_group_is_sampled_independently_on_each_process(ranks):
+    for step in range(2):
+        first = ranks[0]["calls"][step]["completion_ids"][4:]  # rows 4-5 of the middle group
+        second = ranks[1]["calls"][step]["completion_ids"][:2]  # rows 6-7
+        assert first != second
+
+
+def test_weights_synced_and_metrics_gathered_on_both_processes(ranks):
+    assert [r["num_syncs"] for r in ranks] == [2, 2]
+    for key in ("spec/acceptance_rate", "spec/num_draft_tokens", "spec/rollout_tokens_per_s"):
+        assert [e[key] for e in ranks[0]["logged"]] == [e[key] for e in ranks[1]["logged"]]  # the same global value
+    assert all(e["spec/num_draft_tokens"] > 0 for e in ranks[0]["logged"])
+
+
+def test_grpo_example_runs_on_two_processes(tmp_path):
+    result = _launch(ROOT / "examples" / "grpo_arithmetic.py", "--max-steps", "2", "--num-problems", "8",
+                     "--prompts-per-step", "4", "--num-generations", "4", "--eval-samples", "2",
+                     "--num-held-out", "8", "--output-dir", str(tmp_path))
+    assert "step   2/2" in result.stdout and "reward on the training problems" in result.stdout

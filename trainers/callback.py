@@ -1,0 +1,65 @@
+"""`SpecRolloutCallback`: what a trainer needs around a RolloutGenerator used as its rollout function.
+
+    generator = RolloutGenerator("default", speculative_config=...)
+    callback = SpecRolloutCallback(generator, drafter_refresh_steps=10)
+    trainer = GRPOTrainer(model=policy, rollout_func=generator, callbacks=[callback], ...)
+
+Before each rollout (the generator calls its hooks with the trainer): the policy's weights are copied into the
+generator's target when `global_step` changed (weight_sync.py), and on the first rollout TRL's importance-sampling
+correction is switched on for the rollout logprobs if the GRPOConfig asks for it (importance_sampling.py). After
+each rollout: the acceptance metrics go into the trainer's logs (metrics.py) and the rollouts into the drafter
+refresh's collection. At the end of every `drafter_refresh_steps`-th optimizer step the draft model is distilled
+toward the target on them (drafter_refresh.py); the mean KL is logged with the next rollout's metrics as
+`spec/drafter_refresh_kl`.
+"""
+
+from transformers import TrainerCallback
+
+from rollout import RolloutBatch, RolloutGenerator
+from trainers.drafter_refresh import DrafterRefresh
+from trainers.importance_sampling import enable_importance_sampling, is_importance_sampling_enabled
+from trainers.metrics import log_rollout_metrics
+from trainers.weight_sync import WeightSync
+
+
+class SpecRolloutCallback(TrainerCallback):
+    """drafter_refresh_steps: refresh the draft model every this many optimizer steps (None: never);
+    drafter_learning_rate: its AdamW learning rate."""
+
+    def __init__(self, generator: RolloutGenerator, *, drafter_refresh_steps: int | None = None,
+                 drafter_learning_rate: float = 1e-4):
+        self.generator = generator
+        self.weight_sync = WeightSync(generator)
+        self.drafter_refresh = None if drafter_refresh_steps is None else DrafterRefresh(
+            generator, every_n_steps=drafter_refresh_steps, learning_rate=drafter_learning_rate)
+        self.num_positions = generator.config.num_speculative_tokens if generator.config is not None else 0
+        self.last_metrics: dict[str, float] = {}
+        self._is_attached = False  # the trainer calls our TrainerCallback hooks
+        self._pending: dict[str, float] = {}  # logged with the next rollout's metrics
+        generator.add_rollout_hook(self)
+
+    # Rollout hooks (called by RolloutGenerator.__call__ on every process).
+    def before_rollout(self, trainer) -> None:
+        if self.drafter_refresh is not None and not self._is_attached:
+            raise ValueError("drafter_refresh_steps is set but the trainer does not run this callback; pass "
+                             "callbacks=[callback] to the trainer")
+        if trainer.args.vllm_importance_sampling_correction and not is_importance_sampling_enabled(trainer):
+            enable_importance_sampling(trainer)
+        self.weight_sync.maybe_sync(trainer)
+
+    def after_rollout(self, trainer, batch: RolloutBatch) -> None:
+        self.last_metrics = log_rollout_metrics(trainer, batch, self.num_positions, extra=self._pending)
+        self._pending = {}
+        if self.drafter_refresh is not None and trainer.model.training:
+            self.drafter_refresh.add(batch, trainer.args.temperature)
+
+    # TrainerCallback hooks.
+    def on_init_end(self, args, state, control, **kwargs):
+        self._is_attached = True
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._is_attached = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.drafter_refresh is not None and self.drafter_refresh.is_due(state.global_step):
+            self._pending["spec/drafter_refresh_kl"] = self.drafter_refresh.refresh()

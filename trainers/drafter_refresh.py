@@ -1,0 +1,102 @@
+"""Drafter refresh: online distillation of the draft model toward the current target on fresh rollouts.
+
+As the policy drifts from the model the draft was trained against, acceptance decays. Every `every_n_steps`
+optimizer steps the draft takes one pass of gradient steps on the rollouts collected since the last refresh,
+minimising the forward KL from the target's next-token distribution to its own at the sampling temperature T,
+over the completion positions (the ones it drafts):
+
+    KL(p || q) = sum_v p(v) (log p(v) - log q(v)),  p = softmax(target_logits / T),  q = softmax(draft_logits / T)
+
+The target is the generator's (synced to the policy before each rollout), so the draft follows the policy. The
+draft the engine runs is trained in place; each process refreshes its own drafter on its own rollouts (drafts do
+not change what is sampled, only how fast).
+"""
+
+from collections import deque
+
+import torch
+import torch.nn.functional as F
+
+from rollout import RolloutBatch, RolloutGenerator
+
+
+class DrafterRefresh:
+    """every_n_steps: optimizer steps between refreshes; max_sequences: rollouts kept (the freshest);
+    batch_size: sequences per gradient step."""
+
+    def __init__(self, generator: RolloutGenerator, *, every_n_steps: int, learning_rate: float = 1e-4,
+                 batch_size: int = 32, max_sequences: int = 512):
+        if not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"every_n_steps={every_n_steps!r}: must be an integer >= 1")
+        self.draft = draft_model_of(generator)
+        self.target = generator.runner.model
+        self.every_n_steps, self.batch_size = every_n_steps, batch_size
+        self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=learning_rate)
+        self.sequences: deque[tuple[list[int], int]] = deque(maxlen=max_sequences)  # (token ids, num prompt tokens)
+        self.temperature = 1.0
+        self.num_refreshes = 0
+
+    def add(self, batch: RolloutBatch, temperature: float) -> None:
+        self.sequences.extend((s.prompt_ids + s.completion_ids, len(s.prompt_ids)) for s in batch.samples)
+        self.temperature = temperature if temperature > 0 else 1.0
+
+    def is_due(self, global_step: int) -> bool:
+        return global_step % self.every_n_steps == 0 and len(self.sequences) > 0
+
+    def refresh(self) -> float:
+        """One pass over the collected rollouts; returns the mean KL before each step. Clears the collection."""
+        sequences = list(self.sequences)
+        self.sequences.clear()
+        losses = []
+        with torch.enable_grad():
+            for i in range(0, len(sequences), self.batch_size):
+                loss = self._loss(sequences[i:i + self.batch_size])
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.draft.parameters(), 1.0)
+                self.optimizer.step()
+                losses.append(loss.item())
+        self.optimizer.zero_grad(set_to_none=True)
+        self.num_refreshes += 1
+        return sum(losses) / len(losses)
+
+    def _loss(self, sequences: list[tuple[list[int], int]]) -> torch.Tensor:
+        input_ids, attention_mask, loss_mask = _pad(sequences, self.draft.device)
+        with torch.no_grad():
+            target_logits = self.target(input_ids=input_ids.to(self.target.device),
+                                        attention_mask=attention_mask.to(self.target.device)).logits
+        draft_logits = self.draft(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, L, vocab]
+        return distillation_loss(draft_logits, target_logits.to(draft_logits.device), loss_mask, self.temperature)
+
+
+def distillation_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, loss_mask: torch.Tensor,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """Mean over masked positions of KL(softmax(target / T) || softmax(draft / T)); logits [B, L, vocab]."""
+    log_p = F.log_softmax(target_logits.float() / temperature, dim=-1)
+    log_q = F.log_softmax(draft_logits.float() / temperature, dim=-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(dim=-1)  # [B, L]
+    return (kl * loss_mask).sum() / loss_mask.sum().clamp(min=1)
+
+
+def draft_model_of(generator: RolloutGenerator) -> torch.nn.Module:
+    """The draft model the generator's engine runs (the drafter's runner may hold a converted copy)."""
+    runner = getattr(generator.proposer, "runner", None)
+    if runner is None:
+        method = generator.config.method if generator.config is not None else None
+        raise ValueError(f"drafter refresh: the generator's speculative method is {method!r}; refreshing needs a "
+                         "draft model (speculative_config method 'draft_model')")
+    return runner.model
+
+
+def _pad(sequences: list[tuple[list[int], int]], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and attention mask [B, L]; loss mask [B, L] on the positions whose next token is a
+    completion token (position t predicts token t + 1)."""
+    max_len = max(len(ids) for ids, _ in sequences)
+    input_ids = torch.zeros(len(sequences), max_len, dtype=torch.long)
+    attention_mask = torch.zeros(len(sequences), max_len, dtype=torch.long)
+    loss_mask = torch.zeros(len(sequences), max_len)
+    for i, (ids, num_prompt) in enumerate(sequences):
+        input_ids[i, :len(ids)] = torch.tensor(ids)
+        attention_mask[i, :len(ids)] = 1
+        loss_mask[i, num_prompt - 1:len(ids) - 1] = 1
+    return input_ids.to(device), attention_mask.to(device), loss_mask.to(device)
