@@ -4,6 +4,7 @@ Tiny Llamas built from configs and saved to folders (head_dim 64: vLLM's CPU att
 engine and HF forwards on the same checkpoints are the references.
 """
 
+import copy
 import importlib.util
 import itertools
 import math
@@ -283,3 +284,71 @@ def test_without_speculation(folders):
     assert theirs.stats["num_draft_tokens"] == 0 and theirs.stats["num_completion_tokens"] == 72
     assert math.isclose(theirs.stats["verified_tokens_per_emitted_token"], 1.0)
     assert not list(itertools.chain.from_iterable(s.acceptance["num_drafted_per_position"] for s in theirs.samples))
+
+
+def _grpo_run_on_vllm(tmp_path):
+    """Two GRPO steps with GRPOTrainer(rollout_func=generator) on backend="vllm" and SpecRolloutCallback; returns
+    the trainer, the generator and the policy as it was at the last rollout (just after the callback's sync)."""
+    from trainers_testing import default_tokenizer, grpo_config, grpo_trainer
+
+    from trainers import SpecRolloutCallback
+
+    _tiny_default_vocab(1, 2).save_pretrained(tmp_path / "target")  # the engine starts from other weights
+    _tiny_default_vocab(2, 1).save_pretrained(tmp_path / "draft")
+    generator = RolloutGenerator(str(tmp_path / "target"), tokenizer=default_tokenizer(), backend="vllm",
+                                 speculative_config={"method": "draft_model", "model": str(tmp_path / "draft"),
+                                                     "num_speculative_tokens": 3},
+                                 max_num_seqs=16, max_model_len=128)
+    callback, synced = SpecRolloutCallback(generator), PolicyAtRollout()
+    generator.add_rollout_hook(synced)  # runs after the callback's hook, so it sees the weights just synced
+    trainer = grpo_trainer(_tiny_default_vocab(0, 2), generator, grpo_config(tmp_path / "out"), callbacks=[callback])
+    trainer.train()
+    return trainer, generator, synced.policy
+
+
+def _tiny_default_vocab(seed: int, num_layers: int) -> LlamaForCausalLM:
+    """A random Llama on the default tokenizer's 28 tokens, head_dim 64."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=28, hidden_size=128, intermediate_size=256, num_hidden_layers=num_layers,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         initializer_range=0.3, eos_token_id=2, bos_token_id=None, pad_token_id=None)
+    return LlamaForCausalLM(config)
+
+
+class PolicyAtRollout:
+    """A rollout hook keeping a copy of the trainer's policy as it was at the latest rollout."""
+
+    def before_rollout(self, trainer) -> None:
+        self.policy = copy.deepcopy(trainer.model).eval()
+
+    def after_rollout(self, trainer, batch) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def vllm_grpo_run(tmp_path_factory):
+    return _grpo_run_on_vllm(tmp_path_factory.mktemp("vllm_grpo"))
+
+
+@require_vllm
+def test_two_grpo_steps_with_the_vllm_backend(vllm_grpo_run):
+    """The acceptance metrics reach log_history, and the callback's weight sync reaches the vLLM engine."""
+    trainer, generator, _ = vllm_grpo_run
+    logged = [entry for entry in trainer.state.log_history if "spec/acceptance_rate" in entry]
+    assert len(logged) == 2 and all(entry["spec/num_draft_tokens"] > 0 for entry in logged)
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    sample = generator.generate([[1, 20, 17, 18, 5]], 1, params, use_tqdm=False).samples[0]
+    initial = hf_logprobs(_tiny_default_vocab(1, 2).eval(), sample.prompt_ids, sample.completion_ids, params)
+    assert not torch.allclose(torch.tensor(sample.logprobs), initial, atol=1e-2)  # no longer the built weights
+
+
+@require_vllm
+@pytest.mark.xfail(strict=True, reason="known bug: after SpecRolloutCallback's syncs during training the vLLM "
+                                       "engine's logprobs match neither the synced policy nor the initial one "
+                                       "(up to 0.23 off), while a direct load_weights after training matches")
+def test_vllm_engine_holds_the_last_synced_policy(vllm_grpo_run):
+    _, generator, synced_policy = vllm_grpo_run
+    params = SamplingParams(temperature=0.0, max_tokens=8)
+    sample = generator.generate([[1, 20, 17, 18, 5]], 1, params, use_tqdm=False).samples[0]
+    expected = hf_logprobs(synced_policy, sample.prompt_ids, sample.completion_ids, params)
+    torch.testing.assert_close(torch.tensor(sample.logprobs), expected, atol=1e-4, rtol=0)
