@@ -51,7 +51,7 @@ class Engine:
         proposal = self._propose(requests, num_drafts)
         drafted, draft_seconds = proposal.num_draft_tokens, time.perf_counter() - clock
         self.num_proposed_drafts += sum(drafted)
-        num_uncached = sum(r.num_tokens - self.runner.seq_len(r.slot) for r in requests)
+        num_uncached = 0 if self.adaptive is None else sum(r.num_tokens - self.runner.seq_len(r.slot) for r in requests)
         if self.adaptive is not None and any(drafted):
             proposal = self._allocate(proposal, num_uncached)
         clock = time.perf_counter()

@@ -9,7 +9,8 @@ from tqdm.auto import tqdm
 
 from rollout.default_models import default_model_paths
 from rollout.engine import Engine
-from rollout.loading import check_same_vocab, load_model, load_tokenizer, default_device_dtype
+from rollout.loading import (check_same_vocab, default_device_dtype, default_max_model_len, eos_token_ids, load_model,
+                             load_tokenizer)
 from rollout.outputs import RolloutBatch, Sample
 from rollout.prompts import to_token_ids
 from rollout.request import Request
@@ -19,7 +20,6 @@ from spec import cost_profile
 from spec.model_runner import build_runner
 
 _COST_SAVE_INTERVAL_S = 60.0  # refined step costs go back to the disk cache at most this often
-DEFAULT_MAX_MODEL_LEN = 2048
 
 
 class RolloutGenerator:
@@ -56,7 +56,7 @@ class RolloutGenerator:
         self.device, self.dtype = default_device_dtype(device, dtype)
         self.tokenizer = load_tokenizer(model, tokenizer)
         self.model = load_model(model, self.device, self.dtype, field="model")
-        self.max_model_len = max_model_len or min(self.model.config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+        self.max_model_len = default_max_model_len(self.model.config, max_model_len)
         self.max_num_seqs = max_num_seqs
         self.runner = build_runner(self.model, max_num_seqs, self.max_model_len, self.device, self.dtype)
         self.draft_model = None
@@ -84,9 +84,7 @@ class RolloutGenerator:
     def eos_token_ids(self) -> set[int]:
         if self.vllm is not None:
             return set(self.vllm.eos_token_ids)
-        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
-        eos = self.model.config.eos_token_id if eos is None else eos
-        return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
+        return eos_token_ids(self.model.generation_config, self.model.config)
 
     def k_for_batch_size(self, batch_size: int) -> int:
         return 0 if self.config is None else self.config.k_for_batch_size(batch_size)

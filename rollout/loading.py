@@ -48,3 +48,19 @@ def check_same_vocab(target: PreTrainedModel, draft: PreTrainedModel) -> None:
     if target_size != draft_size:
         raise ValueError(f"draft_model has a vocabulary of {draft_size} tokens, the target {target_size}; "
                          "the draft model must share the target's tokenizer and vocabulary")
+
+
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+def default_max_model_len(config, max_model_len: int | None) -> int:
+    """max_model_len, else the model's max_position_embeddings capped at DEFAULT_MAX_MODEL_LEN (the KV cache is
+    allocated up front for max_num_seqs x max_model_len positions)."""
+    return max_model_len or min(config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+
+
+def eos_token_ids(generation_config, config) -> set[int]:
+    """EOS ids: the generation config's, else the model config's (either may hold one id or a list)."""
+    eos = generation_config.eos_token_id if generation_config is not None else None
+    eos = config.eos_token_id if eos is None else eos
+    return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())

@@ -30,8 +30,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, GenerationConfig, PreTrainedModel
 
-from rollout.generator import DEFAULT_MAX_MODEL_LEN
-from rollout.loading import default_device_dtype
+from rollout.loading import default_device_dtype, default_max_model_len, eos_token_ids
 from rollout.outputs import RolloutBatch, Sample
 from rollout.sampling_params import SamplingParams, mix_seed
 from spec import AcceptanceStats, RequestAcceptance, SpecConfig
@@ -74,8 +73,8 @@ class VLLMBackend:
         self.config = config
         spec = None if config is None else _speculative_config(config, draft_model)
         hf_config = AutoConfig.from_pretrained(self.model_path, local_files_only=True)
-        self.max_model_len = max_model_len or min(hf_config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-        self.eos_token_ids = _eos_token_ids(self.model_path, hf_config)
+        self.max_model_len = default_max_model_len(hf_config, max_model_len)
+        self.eos_token_ids = eos_token_ids(_generation_config(self.model_path), hf_config)
         self.num_spec_tokens = 0 if config is None else config.num_speculative_tokens
         _, dtype = default_device_dtype(None, dtype)
         kwargs = _engine_kwargs(vllm_kwargs, self.model_path, spec, max_num_seqs, self.max_model_len, dtype)
@@ -235,14 +234,11 @@ def _speculative_config(config: SpecConfig, draft_model) -> dict:
     return spec
 
 
-def _eos_token_ids(path: str, hf_config) -> set[int]:
-    """EOS ids as the embedded engine reads them: the generation config's, else the model config's."""
+def _generation_config(path: str) -> GenerationConfig | None:
     try:
-        eos = GenerationConfig.from_pretrained(path, local_files_only=True).eos_token_id
+        return GenerationConfig.from_pretrained(path, local_files_only=True)
     except OSError:
-        eos = None
-    eos = hf_config.eos_token_id if eos is None else eos
-    return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
+        return None
 
 
 def _engine_kwargs(vllm_kwargs: dict | None, model_path: str, spec: dict | None, max_num_seqs: int,

@@ -163,10 +163,12 @@ def test_greedy_equals_the_embedded_engine(folders, vllm_gen):
 
 @require_vllm
 def test_eos_ids_are_read_as_the_embedded_engine_reads_them(tmp_path):
-    from rollout.vllm_backend import _eos_token_ids
+    from rollout.loading import eos_token_ids
+    from rollout.vllm_backend import _generation_config
     path = save_tiny_llama(tmp_path / "eos", 2, 1, eos_token_id=[1, 2])
     embedded = RolloutGenerator(path)
-    assert _eos_token_ids(path, AutoConfig.from_pretrained(path)) == embedded.eos_token_ids == {1, 2}
+    from_folder = eos_token_ids(_generation_config(path), AutoConfig.from_pretrained(path))
+    assert from_folder == embedded.eos_token_ids == {1, 2}
 
 
 @require_vllm
