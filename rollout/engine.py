@@ -18,7 +18,6 @@ from rollout.request import Request
 from rollout.scheduler import Scheduler, StepPlan
 from spec import (AcceptanceStats, AdaptiveVerifier, Proposal, Proposer, SamplingTensors, VerifyResult,
                   rejection_sample)
-from spec.step_cost import rows_per_draft_forward
 
 
 class Engine:
@@ -47,13 +46,15 @@ class Engine:
         # Rows in slot order: a full batch then reads its keys as one slice of the cache instead of a gather.
         requests = sorted(plan.requests, key=lambda r: r.slot)
         num_drafts = [min(plan.k_max, r.room_for_drafts(self.max_model_len)) for r in requests]
+        if self.adaptive is not None:
+            self.adaptive.begin_step(len(requests))
         clock = time.perf_counter()
         proposal = self._propose(requests, num_drafts)
         drafted, draft_seconds = proposal.num_draft_tokens, time.perf_counter() - clock
         self.num_proposed_drafts += sum(drafted)
         num_uncached = 0 if self.adaptive is None else sum(r.num_tokens - self.runner.seq_len(r.slot) for r in requests)
         if self.adaptive is not None and any(drafted):
-            proposal = self._allocate(proposal, num_uncached)
+            proposal = self._allocate(proposal, num_uncached, draft_seconds)
         clock = time.perf_counter()
         result = self._verify(requests, proposal)
         self.stats.observe_step(plan.batch_size, plan.k_max)
@@ -62,7 +63,7 @@ class Engine:
         if self.adaptive is not None:
             self.adaptive.observe(proposal.confidence, result.num_accepted)
             self.adaptive.observe_times(len(requests), num_uncached + sum(proposal.num_draft_tokens),
-                                        time.perf_counter() - clock, rows_per_draft_forward(drafted), draft_seconds)
+                                        time.perf_counter() - clock)
         return finished
 
     def _prefill(self, plan: StepPlan) -> None:
@@ -95,9 +96,9 @@ class Engine:
         proposal.validate(num_drafts, source=type(self.proposer).__name__)
         return self._cut_at_stop(requests, proposal)
 
-    def _allocate(self, proposal: Proposal, num_uncached: int) -> Proposal:
+    def _allocate(self, proposal: Proposal, num_uncached: int, draft_seconds: float) -> Proposal:
         """Keep the prefix of each request's drafts that adaptive verification admits."""
-        budget = self.adaptive.allocate(proposal.confidence, num_uncached)
+        budget = self.adaptive.allocate(proposal.confidence, num_uncached, draft_seconds)
         return _trim(proposal, budget.lengths)
 
     def _cut_at_stop(self, requests: list[Request], proposal: Proposal) -> Proposal:

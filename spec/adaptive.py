@@ -11,18 +11,30 @@ Drafting further. Extending the m requests with the best expected next survival 
 D(m), and then m more tokens to verify. With the last allocation's rate (tokens per second) and threshold (the
 survival that pays for one verified token), extending them is worth rate x D(m) seconds' worth of tokens against
 sum over those m of (next survival - threshold); the drafter extends the m that maximise the difference, or none
-when no m makes it positive. The next survival is estimated as the current survival times the request's last
-calibrated confidence. A forward of a few rows costs about as much as one of many, so a lone confident request
+when no m makes it positive. The next survival is estimated as the current survival times the position's
+acceptance rate: the next draft's confidence is not known before the forward, and the last one's is a poor guess
+(drafts are accepted after an unsure draft far more often than that draft's confidence). A forward of a few rows costs about as much as one of many, so a lone confident request
 keeps drafting only while its own expected tokens pay for a whole forward.
+
+Costs. The allocation charges the step the drafting time it actually took (measured by the engine); the drafter's
+further forwards are charged D(m) from the cost model, whose level is refined from the measured time of every
+extension (from one `keep_drafting` call to the next: the decision, the forward over the extended rows and their
+sampling), so per-forward overhead the profile does not see is learned, and a step's one-off drafting work (its
+first forward over the tokens verified last step) is not mistaken for a per-forward cost.
 """
+
+import itertools
+import time
 
 import numpy as np
 
 from spec.budget import Budget, choose_budget
 from spec.calibration import ConfidenceCalibrator
-from spec.step_cost import StepCostModel, rows_per_draft_forward
+from spec.step_cost import StepCostModel
 
 CONFIDENCE_FALLBACKS = ("acceptance_rate",)
+_OBSERVE_BATCH = 64  # judged drafts handed to the calibrator at once: an update costs tens of microseconds
+# whatever its size, a sizeable share of a small batch's step; the map moves little in 64 outcomes
 
 
 class AdaptiveVerifier:
@@ -32,53 +44,88 @@ class AdaptiveVerifier:
         self.refine = refine  # refine the costs from measured step times (off for a table the user supplied)
         self.rate = 0.0  # expected tokens per second of the last allocation; 0 (draft up to k_max) before one
         self.threshold = 0.0  # survival that pays for one more verified token, at the last allocation
+        self._by_batch_size: dict[int, tuple[float, float]] = {}  # log2 batch size -> (rate, threshold) there
+        self._batch_size_bucket = 0
+        self._extension: tuple[int, float] | None = None  # rows the last keep_drafting call extended, and when
+        self._extension_times: list[tuple[int, float]] = []  # this step's extensions: (rows, seconds)
+        self._judged: tuple[list[int], list[float], list[bool]] = ([], [], [])  # not yet handed to the calibrator
+
+    def begin_step(self, num_reqs: int) -> None:
+        """A step of num_reqs requests starts: drafting decisions use the rate and threshold of the last allocation
+        at a batch size like this one (a draining batch's lone last request runs at a fraction of a full batch's
+        rate, and a fresh full batch must not inherit it), or the last allocation's when there was none."""
+        self._batch_size_bucket = num_reqs.bit_length()
+        self.rate, self.threshold = self._by_batch_size.get(self._batch_size_bucket, (self.rate, self.threshold))
 
     def keep_drafting(self, confidences: list[list[float]]) -> list[bool]:
         """Per request (raw confidences of its drafts so far): does it get one more draft?"""
+        now = time.perf_counter()
+        if self._extension is not None:
+            self._extension_times.append((self._extension[0], now - self._extension[1]))
+        keep = self._keep(confidences)
+        num_kept = sum(keep)
+        self._extension = (num_kept, now) if num_kept else None
+        return keep
+
+    def _keep(self, confidences: list[list[float]]) -> list[bool]:
         if not self.rate:
             return [True] * len(confidences)
-        survival = np.array([s[-1] for s in self.calibrator.survival(confidences)])  # [n]
-        last = self.calibrator.calibrate(np.array([len(c) - 1 for c in confidences]),
-                                         np.array([c[-1] for c in confidences]))  # [n]
-        next_survival = survival * last
-        order = np.argsort(-next_survival, kind="stable")
-        draft_seconds = self.costs.draft_forward_costs(np.arange(1, len(order) + 1))  # [n]: D(m)
-        net = np.cumsum(next_survival[order] - self.threshold) - self.rate * draft_seconds  # [n]: extend the top m
-        keep = np.zeros(len(order), dtype=bool)
-        best = int(np.argmax(net))
-        if net[best] > 0:
-            keep[order[:best + 1]] = True
-        return keep.tolist()
+        # Plain Python: this runs before every draft forward, mostly on a few rows.
+        rate = self.calibrator.acceptance_rate
+        next_survival = [s[-1] * rate(len(s)) for s in self.calibrator.survival(confidences)]
+        order = sorted(range(len(confidences)), key=next_survival.__getitem__, reverse=True)
+        # Extending the top m gains sum(next survival - threshold) and costs a forward of m rows; only rows above
+        # the threshold can be worth it (each further row adds a loss and the forward only gets dearer).
+        candidates = [row for row in order if next_survival[row] > self.threshold]
+        forward = self.costs.draft_forward_costs(np.arange(1, len(candidates) + 1)).tolist()  # D(m)
+        nets = [gain - self.rate * cost for gain, cost in
+                zip(itertools.accumulate(next_survival[row] - self.threshold for row in candidates), forward)]
+        best = max(range(len(nets)), key=nets.__getitem__, default=-1)
+        keep = [False] * len(confidences)
+        if best >= 0 and nets[best] > 0:
+            for row in candidates[:best + 1]:
+                keep[row] = True
+        return keep
 
-    def allocate(self, confidences: list[list[float]], num_fixed_tokens: int) -> Budget:
-        """Drafts to verify per request, given each request's raw draft confidences (already capped at k_max)."""
+    def allocate(self, confidences: list[list[float]], num_fixed_tokens: int, draft_seconds: float) -> Budget:
+        """Drafts to verify per request, given each request's raw draft confidences (already capped at k_max) and
+        the seconds this step's drafting took."""
+        self._extension = None  # drafting is over: the time from the last extension on is not a forward's
         num_reqs = len(confidences)
-        budget = choose_budget(self.calibrator.survival(confidences), num_fixed_tokens,
-                               self.costs.draft_cost(rows_per_draft_forward([len(c) for c in confidences])),
+        budget = choose_budget(self.calibrator.survival(confidences), num_fixed_tokens, draft_seconds,
                                lambda num_tokens: self.costs.verify_cost(num_reqs, num_tokens))
         self.rate, self.threshold = budget.rate, budget.threshold
+        self._by_batch_size[self._batch_size_bucket] = (budget.rate, budget.threshold)
         return budget
 
     def observe(self, confidences: list[list[float]], num_accepted: list[int]) -> None:
         """Verified drafts and how many of each request's were accepted; drafts after a rejection are unjudged."""
-        positions, raw, accepted = [], [], []
+        positions, raw, accepted = self._judged
         for conf, n in zip(confidences, num_accepted):
             judged = min(n + 1, len(conf))
             positions.extend(range(judged))
             raw.extend(conf[:judged])
             accepted.extend(j < n for j in range(judged))
-        self.calibrator.observe(np.array(positions, dtype=np.int64), np.array(raw), np.array(accepted, dtype=bool))
+        if len(positions) >= _OBSERVE_BATCH:
+            self._calibrate()
 
-    def observe_times(self, num_reqs: int, num_verified_tokens: int, verify_seconds: float,
-                      rows_per_draft_forward: list[int], draft_seconds: float) -> None:
-        """Measured seconds of one step's verification (forward, sampling, commit) and drafting."""
+    def _calibrate(self) -> None:
+        positions, raw, accepted = self._judged
+        self.calibrator.observe(np.array(positions, dtype=np.int64), np.array(raw, dtype=np.float64),
+                                np.array(accepted, dtype=bool))
+        self._judged = ([], [], [])
+
+    def observe_times(self, num_reqs: int, num_verified_tokens: int, verify_seconds: float) -> None:
+        """Measured seconds of one step's verification (forward, sampling, commit); the step's draft extensions
+        were timed by keep_drafting."""
+        extensions, self._extension_times = self._extension_times, []
         if not self.refine:
             return
         self.costs.observe_verify(num_reqs, num_verified_tokens, verify_seconds)
-        if rows_per_draft_forward:
-            self.costs.observe_draft(rows_per_draft_forward[0], draft_seconds / len(rows_per_draft_forward))
+        self.costs.observe_draft([rows for rows, _ in extensions], [seconds for _, seconds in extensions])
 
     def stats(self) -> dict:
+        self._calibrate()
         return {"calibration_error": self.calibrator.calibration_error(),
                 "raw_calibration_error": self.calibrator.calibration_error("raw"),
                 "num_calibration_observations": self.calibrator.num_observations}

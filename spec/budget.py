@@ -40,19 +40,22 @@ class Budget:
         return self.expected_tokens / self.seconds
 
 
-def choose_budget(survival: list[np.ndarray], num_fixed_tokens: int, draft_cost: float,
+def choose_budget(survival: list, num_fixed_tokens: int, draft_cost: float,
                   verify_cost: Callable[[np.ndarray], np.ndarray]) -> Budget:
-    """survival[r]: [num_drafts_r] non-increasing S(r, 1..); verify_cost maps token counts [m] to seconds [m]."""
+    """survival[r]: non-increasing S(r, 1..) (a sequence of floats); verify_cost maps token counts [m] to seconds
+    [m]. Plain Python but for the cost curve: it runs every step, mostly on a few dozen drafts."""
     num_reqs = len(survival)
-    lengths = [len(s) for s in survival]
-    values = np.concatenate(survival) if sum(lengths) else np.zeros(0)  # [M]
-    owners = np.repeat(np.arange(num_reqs), lengths)  # [M]
-    positions = np.concatenate([np.arange(n) for n in lengths]) if num_reqs else np.zeros(0, dtype=np.int64)
-    order = np.lexsort((positions, -values))  # best survival first; ties: earlier position first
-    gains = num_reqs + np.concatenate([[0.0], np.cumsum(values[order])])  # [M + 1]: tokens for b = 0 .. M
-    costs = draft_cost + verify_cost(num_fixed_tokens + np.arange(len(values) + 2))  # [M + 2]
-    rates = gains / costs[:-1]
-    best = int(np.argmax(rates))  # the first maximum: the smallest budget among equals
-    admitted = np.bincount(owners[order[:best]], minlength=num_reqs)
-    marginal = max(float(costs[best + 1] - costs[best]), 0.0)
-    return Budget(admitted.tolist(), float(gains[best]), float(costs[best]), float(rates[best]) * marginal)
+    slots = sorted((-float(value), position, owner) for owner, values in enumerate(survival)
+                   for position, value in enumerate(values))  # best survival first; ties: earlier position first
+    costs = (draft_cost + verify_cost(num_fixed_tokens + np.arange(len(slots) + 2))).tolist()  # b = 0 .. M + 1
+    gain = best_gain = float(num_reqs)
+    best, best_rate = 0, gain / costs[0]
+    for b, (negative_value, _, _) in enumerate(slots, start=1):
+        gain -= negative_value
+        if gain / costs[b] > best_rate:  # strictly: the smallest budget among equals
+            best, best_rate, best_gain = b, gain / costs[b], gain
+    admitted = [0] * num_reqs
+    for _, _, owner in slots[:best]:
+        admitted[owner] += 1
+    marginal = max(costs[best + 1] - costs[best], 0.0)
+    return Budget(admitted, best_gain, costs[best], best_rate * marginal)

@@ -38,6 +38,8 @@ class ConfidenceCalibrator:
         self.num_accepted = np.zeros((max_positions, num_bins))
         self.num_judged = np.zeros((max_positions, num_bins))
         self.table = np.tile(self.centres, (max_positions, 1))  # [max_positions, num_bins]: a(j, bin)
+        self._rows_list = self.table.tolist()  # the same, for the per-draft lookups of `value` (plain Python)
+        self._rates = [0.5] * max_positions  # acceptance rate per position, whatever the confidence (prior 1/2)
         self._num_unfitted = np.zeros(max_positions)  # outcomes per position since its last refit
         self._error = {name: np.zeros((3, _NUM_ERROR_BINS)) for name in ("calibrated", "raw")}
 
@@ -45,15 +47,27 @@ class ConfidenceCalibrator:
         """a(j, c) for each (positions[i], raw[i]); both [n]."""
         return self.table[self._rows(positions), self._bins(raw)]
 
-    def survival(self, confidences: list[list[float]]) -> list[np.ndarray]:
+    def value(self, position: int, raw: float) -> float:
+        """a(position, raw) of one draft. Plain Python: the engine asks for a few per request each draft step,
+        where numpy's per-call overhead would cost more than the lookups."""
+        row = self._rows_list[min(position, self.max_positions - 1)]
+        return row[min(max(int(raw * self.num_bins), 0), self.num_bins - 1)]
+
+    def acceptance_rate(self, position: int) -> float:
+        """P(draft `position` accepted | the drafts before it accepted), before its confidence is known: the
+        position's observed rate, from the same prior (as of its last refit)."""
+        return self._rates[min(position, self.max_positions - 1)]
+
+    def survival(self, confidences: list[list[float]]) -> list[list[float]]:
         """Per request, S(r, k) for k = 1 .. len(confidences[r]): cumulative products of calibrated values."""
-        lengths = [len(c) for c in confidences]
-        if not sum(lengths):
-            return [np.zeros(0) for _ in confidences]
-        positions = np.concatenate([np.arange(n) for n in lengths])
-        calibrated = self.calibrate(positions, np.concatenate([np.asarray(c, dtype=np.float64) for c in confidences]))
-        cu_lengths = np.cumsum(lengths)[:-1]
-        return [np.cumprod(part) for part in np.split(calibrated, cu_lengths)]
+        value, survival = self.value, []
+        for conf in confidences:
+            running, products = 1.0, []
+            for position, raw in enumerate(conf):
+                running *= value(position, raw)
+                products.append(running)
+            survival.append(products)
+        return survival
 
     def observe(self, positions: np.ndarray, raw: np.ndarray, accepted: np.ndarray) -> None:
         """Judged drafts: positions [n], raw confidences [n], outcomes [n] (bool)."""
@@ -63,8 +77,9 @@ class ConfidenceCalibrator:
         rows, bins = self._rows(positions), self._bins(raw)
         self._count_error("calibrated", self.table[rows, bins], accepted)
         self._count_error("raw", np.clip(raw, 0.0, 1.0), accepted)
-        np.add.at(self.num_judged, (rows, bins), 1.0)
-        np.add.at(self.num_accepted, (rows, bins), accepted)
+        cells, size = rows * self.num_bins + bins, self.num_judged.size
+        self.num_judged += np.bincount(cells, minlength=size).reshape(self.num_judged.shape)
+        self.num_accepted += np.bincount(cells, weights=accepted, minlength=size).reshape(self.num_accepted.shape)
         self._num_unfitted += np.bincount(rows, minlength=self.max_positions)
         is_due = self._num_unfitted >= np.maximum(1.0, self._REFIT_SHARE * self.num_judged.sum(axis=1))
         for row in np.flatnonzero(is_due):
@@ -75,13 +90,16 @@ class ConfidenceCalibrator:
         weight = self.num_judged[row] + self.prior_weight
         estimate = (self.num_accepted[row] + self.prior_weight * self.centres) / weight
         self.table[row] = isotonic(estimate, weight)
+        self._rows_list[row] = self.table[row].tolist()
+        self._rates[row] = float((self.num_accepted[row].sum() + 0.5 * self.prior_weight)
+                                 / (self.num_judged[row].sum() + self.prior_weight))
 
     def _count_error(self, name: str, predicted: np.ndarray, accepted: np.ndarray) -> None:
         bins = np.minimum((predicted * _NUM_ERROR_BINS).astype(np.int64), _NUM_ERROR_BINS - 1)
         sums = self._error[name]  # rows: predicted sum, outcome sum, count
-        np.add.at(sums[0], bins, predicted)
-        np.add.at(sums[1], bins, accepted)
-        np.add.at(sums[2], bins, 1.0)
+        sums[0] += np.bincount(bins, weights=predicted, minlength=_NUM_ERROR_BINS)
+        sums[1] += np.bincount(bins, weights=accepted, minlength=_NUM_ERROR_BINS)
+        sums[2] += np.bincount(bins, minlength=_NUM_ERROR_BINS)
 
     def calibration_error(self, name: str = "calibrated") -> float:
         """Expected calibration error of the judged drafts so far (0.0 before any); name: calibrated or raw."""

@@ -10,8 +10,9 @@ draft_cost(num_reqs): one draft-model forward over `num_reqs` rows (one token ea
 
 Every cost is > 0 and non-decreasing in num_tokens (verify) and in num_reqs (draft): a table that breaks this is a
 ValueError; measured tables are projected onto it (spec/cost_profile.py). `observe_*` refine the curves that
-produced a prediction from the step times the engine measures: an exponentially weighted shift of each curve's
-level, which keeps the slopes the profile measured (they decide the budget) and learns the per-step overhead.
+produced a prediction from the step times the engine measures: each observation moves the points around its size
+by a tenth of the (bounded) error, so the model learns what the profile misses (per-step bookkeeping, a noisy or
+stale profile) in level and in slope where the engine actually runs; the slopes decide the budget.
 """
 
 import json
@@ -27,14 +28,49 @@ _MAX_RATIO = 2.0  # one observation counts at most as if it took 2x (or 0x) the 
 _MIN_SECONDS = 1e-6
 
 
+class _Curve:
+    """One cost curve: seconds at increasing sizes, piecewise-linear between them, extended along its last segment
+    (and flat below the first). Kept as arrays: the engine reads and refines curves every step."""
+
+    def __init__(self, points: dict[int, float]):
+        self.xs = np.array(list(points), dtype=np.float64)
+        self.ys = np.array(list(points.values()), dtype=np.float64)
+        self._slope = (self.ys[-1] - self.ys[-2]) / (self.xs[-1] - self.xs[-2]) if len(self.xs) > 1 else 0.0
+
+    def __call__(self, x):
+        y = np.interp(x, self.xs, self.ys)
+        return np.where(x > self.xs[-1], self.ys[-1] + self._slope * (x - self.xs[-1]), y)
+
+    def learn(self, x: float, delta: float) -> None:
+        """Move the curve by delta seconds at size x: the two points around x in proportion to their interpolation
+        weights (past either end, the end segment as a whole), then kept non-decreasing. Observed steps so correct the
+        profile's level and slope where the engine runs, and leave the rest as measured."""
+        i = int(np.searchsorted(self.xs, x))
+        if i == 0:
+            self.ys[0] += delta
+        elif i == len(self.xs):
+            self.ys[-2:] += delta
+        else:
+            upper = (x - self.xs[i - 1]) / (self.xs[i] - self.xs[i - 1])
+            step = delta / ((1 - upper) ** 2 + upper ** 2)  # so that the curve at x moves by exactly delta
+            self.ys[i - 1] += (1 - upper) * step
+            self.ys[i] += upper * step
+        self.ys = np.maximum.accumulate(np.maximum(self.ys, _MIN_SECONDS))  # a point lowered below a smaller
+        # size's cost is held at it
+        self._slope = (self.ys[-1] - self.ys[-2]) / (self.xs[-1] - self.xs[-2]) if len(self.xs) > 1 else 0.0
+
+    def to_dict(self) -> dict[int, float]:
+        return {int(x): float(y) for x, y in zip(self.xs, self.ys)}
+
+
 @dataclass
 class StepCostModel:
     verify: dict[int, dict[int, float]]  # num_reqs -> {num_tokens: seconds}
     draft: dict[int, float] | None = None  # num_reqs -> seconds per draft forward; None: model-free drafter
 
     def __post_init__(self):
-        self.verify = _parse_verify(self.verify)
-        self.draft = None if self.draft is None else _parse_curve(self.draft, f"{FIELD}['draft']")
+        self.verify = {n: _Curve(c) for n, c in _parse_verify(self.verify).items()}  # num_reqs -> curve
+        self.draft = None if self.draft is None else _Curve(_parse_curve(self.draft, f"{FIELD}['draft']"))
         self._reqs = np.array(sorted(self.verify), dtype=np.float64)
 
     @classmethod
@@ -50,14 +86,16 @@ class StepCostModel:
             return cls.from_dict(json.load(f))
 
     def to_dict(self) -> dict:
-        return {"verify": {n: dict(curve) for n, curve in self.verify.items()},
-                "draft": None if self.draft is None else dict(self.draft)}
+        return {"verify": {n: curve.to_dict() for n, curve in self.verify.items()},
+                "draft": None if self.draft is None else self.draft.to_dict()}
 
     def verify_cost(self, num_reqs: int, num_tokens) -> np.ndarray:
         """Seconds for each entry of num_tokens (scalar or array) at num_reqs rows."""
         (low, high), weight = self._bracket(num_reqs)
         num_tokens = np.asarray(num_tokens, dtype=np.float64)
-        return (1 - weight) * _interp(self.verify[low], num_tokens) + weight * _interp(self.verify[high], num_tokens)
+        if weight == 0.0:
+            return self.verify[low](num_tokens)
+        return (1 - weight) * self.verify[low](num_tokens) + weight * self.verify[high](num_tokens)
 
     def draft_cost(self, rows_per_forward) -> float:
         """Seconds for draft forwards with the given numbers of rows (one entry per forward)."""
@@ -66,18 +104,21 @@ class StepCostModel:
     def draft_forward_costs(self, num_rows) -> np.ndarray:
         """Seconds of one draft forward for each entry of num_rows (zeros for a model-free drafter)."""
         num_rows = np.asarray(num_rows, dtype=np.float64)
-        return np.zeros_like(num_rows) if self.draft is None else _interp(self.draft, num_rows)
+        return np.zeros_like(num_rows) if self.draft is None else self.draft(num_rows)
 
     def observe_verify(self, num_reqs: int, num_tokens: int, seconds: float) -> None:
         (low, high), weight = self._bracket(num_reqs)
         delta = _bounded(seconds, float(self.verify_cost(num_reqs, num_tokens)))
         for n, share in ((low, 1 - weight), (high, weight)):
             if share > 0:
-                _shift(self.verify[n], _REFINE_RATE * share * delta)
+                self.verify[n].learn(num_tokens, _REFINE_RATE * share * delta)
 
-    def observe_draft(self, num_reqs: int, seconds_per_forward: float) -> None:
-        if self.draft is not None:
-            _shift(self.draft, _REFINE_RATE * _bounded(seconds_per_forward, self.draft_cost([num_reqs])))
+    def observe_draft(self, num_rows: list[int], seconds: list[float]) -> None:
+        """Measured draft forwards (rows and seconds of each): one refinement step at their mean size."""
+        if self.draft is not None and num_rows:
+            predicted = self.draft(np.asarray(num_rows, dtype=np.float64)).tolist()
+            deltas = [_bounded(s, p) for s, p in zip(seconds, predicted)]
+            self.draft.learn(sum(num_rows) / len(num_rows), _REFINE_RATE * sum(deltas) / len(deltas))
 
     def _bracket(self, num_reqs: int) -> tuple[tuple[int, int], float]:
         """The two grid num_reqs around num_reqs and the interpolation weight of the upper one."""
@@ -89,34 +130,10 @@ class StepCostModel:
         return (low, high), (num_reqs - low) / (high - low)
 
 
-def rows_per_draft_forward(num_drafts: list[int]) -> list[int]:
-    """Rows in each sequential draft-model forward when request i drafts num_drafts[i] tokens."""
-    return [sum(n > j for n in num_drafts) for j in range(max(num_drafts, default=0))]
-
-
-def _interp(curve: dict[int, float], x: np.ndarray) -> np.ndarray:
-    """Piecewise-linear through the curve's points, extended along its last segment (and flat below the first)."""
-    xs = np.fromiter(curve, dtype=np.float64)
-    ys = np.fromiter(curve.values(), dtype=np.float64)
-    y = np.interp(x, xs, ys)
-    if len(xs) > 1:
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        y = np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), y)
-    return y
-
-
 def _bounded(observed: float, predicted: float) -> float:
     """observed - predicted, at most (_MAX_RATIO - 1) x predicted either way."""
     limit = (_MAX_RATIO - 1) * predicted
     return min(max(observed - predicted, -limit), limit)
-
-
-def _shift(curve: dict[int, float], delta: float) -> None:
-    """Move the whole curve by delta seconds (kept positive): what the profile misses is per-step work (Python,
-    sampling, commit) that does not grow with the tokens, so the observed level moves and the measured slopes stay.
-    A non-decreasing curve stays non-decreasing."""
-    for point, value in curve.items():
-        curve[point] = max(value + delta, _MIN_SECONDS)
 
 
 def _parse_verify(table) -> dict[int, dict[int, float]]:

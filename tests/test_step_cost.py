@@ -9,7 +9,7 @@ from conftest import tiny_llama
 from spec import cost_profile
 from spec.model_runner import build_runner
 from spec.proposers.draft_model import DraftModelProposer
-from spec.step_cost import StepCostModel, rows_per_draft_forward
+from spec.step_cost import StepCostModel
 
 TABLE = {"verify": {1: {1: 1.0, 3: 2.0}, 4: {4: 2.0, 12: 6.0}}, "draft": {1: 0.5, 4: 1.0}}
 
@@ -43,20 +43,22 @@ def test_bad_tables_are_refused(table, message):
         StepCostModel.from_dict(table)
 
 
-def test_online_refinement_moves_the_level_and_keeps_the_slopes():
-    costs = StepCostModel.from_dict(TABLE)
+def test_online_refinement_learns_the_observed_costs_where_the_engine_runs():
+    costs = StepCostModel.from_dict(TABLE)  # 4 rows: 2.0 s at 4 tokens, 6.0 s at 12
     for _ in range(200):
-        costs.observe_verify(4, 4, 4.0)  # twice the table's 2.0 s
+        costs.observe_verify(4, 4, 4.0)  # twice the table at 4 tokens
+        costs.observe_verify(4, 12, 5.0)  # less than the table at 12
     assert costs.verify_cost(4, 4) == pytest.approx(4.0, rel=0.01)
-    assert costs.verify_cost(4, 12) == pytest.approx(8.0, rel=0.01)  # the level moved, the measured slope stayed
+    assert costs.verify_cost(4, 12) == pytest.approx(5.0, rel=0.01)  # level and slope both learned
+    assert costs.verify_cost(1, 1) == pytest.approx(1.0)  # a curve nothing was observed on stays as measured
     for _ in range(200):
-        costs.observe_draft(1, 0.25)
+        costs.observe_verify(4, 8, 1.0)  # cheaper in the middle than at 4 tokens: the curve stays non-decreasing
+    curve = costs.to_dict()["verify"][4]
+    assert list(curve.values()) == sorted(curve.values())
+    for _ in range(200):
+        costs.observe_draft([1], [0.25])
     assert costs.draft_cost([1]) == pytest.approx(0.25, rel=0.01)
-
-
-def test_rows_per_draft_forward():
-    assert rows_per_draft_forward([3, 0, 1]) == [2, 1, 1]
-    assert rows_per_draft_forward([]) == []
+    assert costs.draft_cost([4]) == pytest.approx(1.0)
 
 
 def test_profile_measures_monotone_positive_costs_and_caches_them(step_cost_cache):
@@ -64,11 +66,12 @@ def test_profile_measures_monotone_positive_costs_and_caches_them(step_cost_cach
     target_runner, drafter = build_runner(target, 4, 64), DraftModelProposer(draft, max_num_seqs=4, max_model_len=64)
     key = cost_profile.cache_key(target, draft, target.dtype, "cpu", max_num_seqs=4, max_tokens_per_row=3)
     costs = cost_profile.load_or_profile(key, target_runner, drafter, max_model_len=64)
-    assert sorted(costs.verify) == [1, 2, 4] and sorted(costs.draft) == [1, 2, 4]
-    for curve in [*costs.verify.values(), costs.draft]:
+    table = costs.to_dict()
+    assert sorted(table["verify"]) == [1, 2, 4] and sorted(table["draft"]) == [1, 2, 4]
+    for curve in [*table["verify"].values(), table["draft"]]:
         values = list(curve.values())
         assert min(values) > 0 and values == sorted(values)
-    assert sorted(costs.verify[4]) == [4, 8, 12]  # 1, 2 and 3 tokens per row
+    assert sorted(table["verify"][4]) == [4, 8, 12]  # 1, 2 and 3 tokens per row
     assert target_runner.num_free_slots == 4 and drafter.runner.num_free_slots == 4  # scratch slots returned
     path = cost_profile.cache_path(key)
     assert path.parent == step_cost_cache and json.loads(path.read_text())["key"] == key
