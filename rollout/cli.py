@@ -12,12 +12,10 @@ from rollout.generator import RolloutGenerator
 from rollout.sampling_params import SamplingParams
 from rollout.tune import main as run_tune
 
-# K by live batch size for the default pair on a 2-core CPU, read off the measured speculation benchmark
-# (examples/bench_speculation.py, examples/results/): the best static K falls from 8 to 4 to 2 as the batch grows
-# and the target's verification turns compute-bound. `python -m rollout tune` predicts a deeper schedule
-# ([[1, 12, 8], [13, 34, 7], [35, 101, 6], [102, 256, 5]] here), which measured 5-15% slower from batch size 4 on:
-# its steady-state model misses the short completions' truncated last steps and the draining batch's tail.
-DEFAULT_SCHEDULE = [[1, 2, 8], [3, 96, 4], [97, 1024, 2]]
+# K by live batch size for the default pair: the table `python -m rollout tune --max-k 8` printed on the 2-core
+# CPU this project is developed on (2 torch threads, every K timed on real rollouts at batch sizes 1..256; the
+# steady-state model alone predicted K = 6-8 throughout and measured slower). Re-run tune on other hardware.
+DEFAULT_SCHEDULE = [[1, 5, 8], [6, 181, 4], [182, 256, 1]]
 
 
 def default_speculative_config() -> dict:
@@ -39,7 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--max-k", type=int, default=None,
                       help="largest K to consider (default: the config's num_speculative_tokens)")
     tune.add_argument("--min-gain", type=float, default=1.02,
-                      help="K = 0 where no K is predicted to beat no speculation by this factor")
+                      help="the smallest K that the fastest does not beat by this factor (K = 0 unless "
+                           "speculation wins by it)")
+    tune.add_argument("--repeats", type=int, default=6,
+                      help="prompt sets timed per K at batch sizes up to 16 (fewer above, at least 3)")
+    tune.add_argument("--predict-only", action="store_true",
+                      help="take the steady-state model's prediction, without timing rollouts per K")
     tune.add_argument("--output", default=None, help="also write the JSON to this file")
     return parser
 

@@ -1,20 +1,33 @@
-"""`python -m rollout tune`: measure a target/draft pair's acceptance per draft position on a workload and its
-step costs on this hardware, and print the per-batch-size schedule (spec/tuning.py) as the speculative-config
-JSON that this engine and `vllm serve --speculative-config` both accept."""
+"""`python -m rollout tune`: derive a target/draft pair's per-batch-size schedule on this hardware and print it as
+the speculative-config JSON that this engine and `vllm serve --speculative-config` both accept.
+
+Two steps. (1) Predict: roll out the default task once at the largest K to measure acceptance per draft position,
+measure the step costs, and predict each K's speedup per batch size (spec/tuning.py). (2) Measure (unless
+`--predict-only`): at each batch size of a doubling grid, roll out the same prompts with every candidate K
+(0, powers of two up to the largest K, and the predicted best) as a one-range schedule on the same generator,
+interleaved, over `--repeats` prompt sets, and keep the smallest K that the fastest does not beat by `--min-gain`
+(so K = 0 unless speculation wins by that much). Between grid points the schedule switches at their geometric mean. The prediction is a steady-state
+model: it does not see a real step's per-token bookkeeping, the drafter's prefill, or how a closed batch drains
+(short completions end mid-draft, the longest ones finish alone), which is why the measured choice decides.
+"""
 
 import json
+import math
 import sys
 
 from rollout.default_task import default_prompts
 from rollout.generator import RolloutGenerator
 from rollout.sampling_params import SamplingParams
+from spec import SpecConfig
+from spec.cost_profile import doubling_grid
+from spec.schedule import BatchSizeSchedule
 from spec.tuning import best_k, tuned_schedule
 
 _REPORTED_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def tune(args, base_config: dict) -> dict:
-    """The tuned speculative config; a table of the predictions goes to stderr."""
+    """The tuned speculative config; a table of the predictions (and measurements) goes to stderr."""
     max_k = args.max_k or base_config["num_speculative_tokens"]
     static = {key: value for key, value in base_config.items()
               if key not in ("num_speculative_tokens_per_batch_size", "enable_adaptive_verification")}
@@ -26,18 +39,90 @@ def tune(args, base_config: dict) -> dict:
                                use_tqdm=not args.no_progress)
     acceptance = batch.stats["acceptance_rate_per_position"]
     costs = generator.measure_step_costs(refresh=True)  # also caches them for adaptive verification
-    schedule = tuned_schedule(acceptance, costs, args.max_num_seqs, args.min_gain)
-    print(_report(acceptance, costs, args.max_num_seqs, args.min_gain), file=sys.stderr)
+    predicted = {b: best_k(acceptance, costs, b, args.min_gain)
+                 for b in _REPORTED_BATCH_SIZES if b <= args.max_num_seqs}
+    if args.predict_only:
+        schedule, measured = tuned_schedule(acceptance, costs, args.max_num_seqs, args.min_gain), {}
+    else:
+        measured = {}
+        for batch_size in doubling_grid(args.max_num_seqs):
+            candidates = sorted({0, max_k, best_k(acceptance, costs, batch_size, args.min_gain)[0],
+                                 *(2 ** i for i in range(max_k.bit_length()) if 2 ** i <= max_k)})
+            measured[batch_size] = measure_speeds(generator, static, batch_size, candidates, params, args)
+            if not args.no_progress:
+                print(f"measured batch size {batch_size}: " + "  ".join(
+                    f"K={k} {tps:.0f} tok/s" for k, tps in measured[batch_size].items()), file=sys.stderr)
+        schedule = schedule_from_measurements(measured, args.max_num_seqs, args.min_gain)
+    BatchSizeSchedule(schedule, max(max_k, 1))  # valid by construction; a broken one fails here
+    print(_report(acceptance, predicted, measured, args.min_gain), file=sys.stderr)
     return {**base_config, "num_speculative_tokens": max(1, max(k for *_, k in schedule)),
             "num_speculative_tokens_per_batch_size": schedule}
 
 
-def _report(acceptance: list[float], costs, max_num_seqs: int, min_gain: float) -> str:
+def measure_speeds(generator: RolloutGenerator, static: dict, batch_size: int, ks: list[int],
+                   params: SamplingParams, args) -> dict[int, float]:
+    """Tokens/s of each K at one batch size: K as a one-range schedule on the same generator (and models), the same
+    prompts for every K, a new prompt set and seed per repeat (more repeats for small batches, whose speed depends
+    on how their few completions end), the K order rotating; all repeats' tokens over all their seconds."""
+    per_prompt = args.num_generations if batch_size % args.num_generations == 0 else 1
+    tokens, seconds = dict.fromkeys(ks, 0), dict.fromkeys(ks, 0.0)
+    warm = SamplingParams(temperature=params.temperature, max_tokens=params.max_tokens, seed=args.seed)
+    for k in ks:  # untimed: the first call at a batch size pays for allocations
+        _use_k(generator, static, k).generate(default_prompts(1, seed=args.seed), 1, warm, use_tqdm=False)
+    for repeat in range(max(3, args.repeats * 16 // max(batch_size, 16))):
+        prompts = default_prompts(batch_size // per_prompt, seed=args.seed + 1000 * batch_size + repeat)
+        run_params = SamplingParams(temperature=params.temperature, max_tokens=params.max_tokens,
+                                    seed=args.seed + repeat)
+        for k in ks[repeat % len(ks):] + ks[:repeat % len(ks)]:
+            stats = _use_k(generator, static, k).generate(prompts, per_prompt, run_params, use_tqdm=False).stats
+            tokens[k] += stats["num_completion_tokens"]
+            seconds[k] += stats["elapsed_s"]
+    return {k: tokens[k] / seconds[k] for k in ks}
+
+
+def _use_k(generator: RolloutGenerator, static: dict, k: int) -> RolloutGenerator:
+    """The generator with K drafts at every batch size (0: none). Only the config changes: a static-K drafter
+    drafts as many tokens as each step asks for."""
+    generator.config = SpecConfig.from_dict(
+        {**static, "num_speculative_tokens_per_batch_size": [[1, generator.max_num_seqs, k]]})
+    return generator
+
+
+def schedule_from_measurements(measured: dict[int, dict[int, float]], max_num_seqs: int,
+                               min_gain: float) -> list[list[int]]:
+    """[[start, end, K], ...] over 1 .. max_num_seqs from tokens/s per grid batch size and K (K = 0 included):
+    measured_choice per grid point; between two grid points the choice switches at their geometric mean."""
+    grid = sorted(measured)
+    best = {batch_size: measured_choice(speeds, min_gain) for batch_size, speeds in measured.items()}
+    ranges: list[list[int]] = []
+    for batch_size in range(1, max_num_seqs + 1):
+        upper = next((g for g in grid if g >= batch_size), grid[-1])
+        lower = max((g for g in grid if g <= batch_size), default=grid[0])
+        k = best[lower] if batch_size <= math.sqrt(lower * upper) else best[upper]
+        if ranges and ranges[-1][2] == k:
+            ranges[-1][1] = batch_size
+        else:
+            ranges.append([batch_size, batch_size, k])
+    return ranges
+
+
+def measured_choice(speeds: dict[int, float], min_gain: float) -> int:
+    """The smallest K that the fastest does not beat by min_gain: K = 0 unless speculation wins by min_gain, and
+    no deeper drafting (more verification work) for a gain within timing noise."""
+    fastest = max(speeds.values())
+    return min(k for k, speed in speeds.items() if speed * min_gain >= fastest)
+
+
+def _report(acceptance: list[float], predicted: dict, measured: dict, min_gain: float) -> str:
     lines = ["acceptance per position: " + " ".join(f"{r:.2f}" for r in acceptance),
-             "batch size  K  predicted speedup"]
-    for batch_size in (b for b in _REPORTED_BATCH_SIZES if b <= max_num_seqs):
-        k, speedup = best_k(acceptance, costs, batch_size, min_gain)
-        lines.append(f"{batch_size:10d} {k:2d}  {speedup:.2f}x")
+             "batch size  predicted K (speedup)" + ("  measured K (speedup over K=0)" if measured else "")]
+    for batch_size, (k, speedup) in predicted.items():
+        line = f"{batch_size:10d}  {k:2d} ({speedup:.2f}x)"
+        if batch_size in measured:
+            speeds = measured[batch_size]
+            k = measured_choice(speeds, min_gain)
+            line += f"             {k:2d} ({speeds[k] / speeds[0]:.2f}x)"
+        lines.append(line)
     return "\n".join(lines)
 
 

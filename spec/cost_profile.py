@@ -73,7 +73,7 @@ def profile(target_runner, drafter, max_num_seqs: int, max_tokens_per_row: int,
     """Seconds on this hardware. Verification: a target forward plus rejection sampling of its logits. Drafting:
     one `drafter.propose` call per timing, one token per row (a draft-model proposer; None for model-free
     drafters). Needs max_num_seqs free cache slots in the runner and the drafter; frees them again."""
-    grid = _doubling(max_num_seqs)
+    grid = doubling_grid(max_num_seqs)
     widths = sorted({1, 2, 3, 5, max_tokens_per_row} & set(range(1, max_tokens_per_row + 1)))
     context = max(1, min(_CONTEXT, max_model_len - max_tokens_per_row))
     verify = _time_verification(target_runner, grid, widths, context)
@@ -134,7 +134,8 @@ def _monotone(verify: dict, draft: dict | None) -> StepCostModel:
     return StepCostModel({n: fit(c) for n, c in verify.items()}, None if draft is None else fit(draft))
 
 
-def _doubling(limit: int) -> list[int]:
+def doubling_grid(limit: int) -> list[int]:
+    """1, 2, 4, ... below limit, then limit."""
     grid, n = [], 1
     while n < limit:
         grid.append(n)

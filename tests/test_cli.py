@@ -73,7 +73,8 @@ def test_tune_prints_a_schedule_both_engines_accept(tmp_path):
     ranges = config["num_speculative_tokens_per_batch_size"]
     assert ranges[0][0] == 1 and ranges[-1][1] == 8 and all(0 <= k <= 4 for *_, k in ranges)
     assert spec.num_speculative_tokens == max(1, max(k for *_, k in ranges))
-    assert "acceptance per position" in result.stderr and "predicted speedup" in result.stderr
+    assert "acceptance per position" in result.stderr and "predicted K" in result.stderr
+    assert "measured K" in result.stderr  # every K was timed at every batch size of the grid
     assert list((tmp_path / "cache").glob("step_costs-*.json"))  # the measured costs are cached for later runs
 
 

@@ -1,8 +1,14 @@
-"""Deriving the per-batch-size schedule from acceptance and step costs (spec/tuning.py)."""
+"""Deriving the per-batch-size schedule: predicted from acceptance and step costs (spec/tuning.py), and measured
+by timing rollouts per K (rollout/tune.py)."""
+
+import time
+from types import SimpleNamespace
 
 import pytest
 
-from spec import BatchSizeSchedule, StepCostModel
+from rollout import RolloutGenerator, SamplingParams
+from rollout.tune import measure_speeds, schedule_from_measurements
+from spec import BatchSizeSchedule, Proposal, StepCostModel
 from spec.tuning import best_k, predicted_speedup, tuned_schedule
 
 ACCEPTANCE = [0.8, 0.6, 0.4]  # vLLM-style per-position rates: each includes the positions before it
@@ -47,3 +53,33 @@ def test_min_gain_keeps_marginal_speculation_off():
     flat = _costs(compute_bound_from=1000)
     assert best_k(ACCEPTANCE, flat, 8, min_gain=2.5) == (0, 1.0)  # K=3: 2.8 / 1.3 = 2.15x, not the 2.5x asked
     assert best_k(ACCEPTANCE, flat, 8, min_gain=1.02)[0] == 3
+
+
+def test_measured_schedule_switches_between_grid_points_at_their_geometric_mean():
+    measured = {1: {0: 100.0, 4: 200.0}, 2: {0: 100.0, 4: 190.0}, 4: {0: 100.0, 2: 150.0, 4: 140.0},
+                8: {0: 100.0, 2: 101.0}}  # at 8, K=2 wins by 1%: less than min_gain, so K=0
+    ranges = schedule_from_measurements(measured, 8, min_gain=1.02)
+    # 3 > sqrt(2 x 4) = 2.83 takes batch size 4's K; 5 <= sqrt(4 x 8) = 5.66 still does; 6 takes 8's
+    assert ranges == [[1, 2, 4], [3, 5, 2], [6, 8, 0]]
+    BatchSizeSchedule(ranges, 4)  # valid under the schedule rules
+
+
+class SlowDrafter:
+    """Echoes the last tokens, but takes 20 ms per call: far more than the default target's step."""
+
+    def __init__(self, config):
+        pass
+
+    def propose(self, requests, max_num_tokens):
+        time.sleep(0.02)
+        tokens = [r.token_ids[-k:] if k else [] for r, k in zip(requests, max_num_tokens)]
+        return Proposal(tokens, [[0.5] * len(t) for t in tokens])
+
+
+def test_measured_tuning_picks_k0_where_drafting_costs_more_than_it_gives():
+    static = {"method": "custom_class", "model": f"{__name__}.SlowDrafter", "num_speculative_tokens": 2}
+    generator = RolloutGenerator("default", speculative_config=static, max_num_seqs=4)
+    speeds = measure_speeds(generator, static, 4, [0, 1, 2], SamplingParams(temperature=1.0, max_tokens=12),
+                            SimpleNamespace(num_generations=1, seed=0, repeats=1))
+    assert speeds[0] > 1.5 * max(speeds[1], speeds[2])  # a 20 ms drafter against ~5 ms steps
+    assert schedule_from_measurements({1: speeds, 4: speeds}, 4, min_gain=1.02) == [[1, 4, 0]]
