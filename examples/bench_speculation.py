@@ -1,13 +1,16 @@
 """Speculation benchmark: tokens/s of no speculation, static K, the per-batch-size schedule, adaptive
 verification, and schedule + adaptive verification, side by side, on two workloads.
 
-    python examples/bench_speculation.py [--batch-sizes 1,2,4,...,256] [--repeats 3] [--output-dir DIR]
+    python examples/bench_speculation.py [--batch-sizes 1,2,4,...,256] [--repeats 8] [--output-dir DIR]
 
 Workloads: `default` (the default task's arithmetic prompts, which the draft predicts well) and `mixed` (half of
 them, half strings of digits and signs that are not questions, on which the draft's acceptance is ~4x lower), so
 that acceptance differs between requests. Every arm rolls out the same prompts with the same sampling settings
 and seeds on the embedded default pair and the same in-memory weights; runs are interleaved (the arm order rotates
-every repeat) so that machine noise hits every arm alike, and the median is reported. Adaptive arms keep their
+every repeat) so that machine noise hits every arm alike. Each repeat draws new prompts and a new seed (the same
+for every arm), and tokens/s is all repeats' tokens over their time: a small batch's speed depends on how its
+completions happen to end, so it gets `--repeats` rollouts and larger batches proportionally fewer (at least 3).
+Adaptive arms keep their
 calibration and refined costs across calls, as a training run does; every arm runs once untimed first. HF
 `model.generate` on the same target is one more arm on the default workload. Also reported: verified tokens per
 emitted token per arm, and the speedup the measured step costs predict for each static K (spec/tuning.py).
@@ -57,17 +60,19 @@ def load(name: str):
 
 
 def run_workload(workload: str, runners: dict, batch_sizes, repeats: int, max_tokens: int) -> dict:
-    """Per batch size and arm: median tokens/s, mean verified tokens per emitted token, acceptance counts."""
+    """Per batch size and arm: tokens/s over all repeats, mean verified tokens per emitted token, acceptance
+    counts. Each repeat rolls out its own prompts and seed (the same for every arm): how soon a small batch drains
+    depends on the completions drawn, so one prompt set would measure its own luck."""
     make_prompts = WORKLOADS[workload]
     for runner in runners.values():  # untimed: warm caches, and let adaptive arms calibrate once
         runner(make_prompts(16, seed=10_000), SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0))
     results = {}
     for batch_size in batch_sizes:
-        prompts = make_prompts(batch_size, seed=batch_size)
-        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=batch_size)
         names = list(runners)
         runs = {name: [] for name in names}
-        for repeat in range(repeats):
+        for repeat in range(max(3, repeats * 16 // max(batch_size, 16))):
+            prompts = make_prompts(batch_size, seed=1000 * batch_size + repeat)
+            params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=repeat)
             for name in names[repeat % len(names):] + names[:repeat % len(names)]:
                 runs[name].append(runners[name](prompts, params))
         results[batch_size] = {name: _summarise(stats) for name, stats in runs.items()}
@@ -91,12 +96,13 @@ def _hf_arm(model, tokenizer):
                              max_new_tokens=params.max_tokens, pad_token_id=tokenizer.pad_token_id)
         elapsed = time.perf_counter() - start
         completions = out[:, inputs["input_ids"].shape[1]:].tolist()
-        return {"tokens_per_s": sum(_length_to_eos(c, tokenizer.eos_token_id) for c in completions) / elapsed}
+        return {"num_completion_tokens": sum(_length_to_eos(c, tokenizer.eos_token_id) for c in completions),
+                "elapsed_s": elapsed}
     return run
 
 
 def _summarise(stats: list[dict]) -> dict:
-    summary = {"tokens_per_s": statistics.median(s["tokens_per_s"] for s in stats)}
+    summary = {"tokens_per_s": sum(s["num_completion_tokens"] for s in stats) / sum(s["elapsed_s"] for s in stats)}
     if "num_drafted_per_position" in stats[0]:
         summary.update({
             "verified_tokens_per_emitted_token": statistics.mean(s["verified_tokens_per_emitted_token"] for s in stats),
@@ -173,7 +179,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
     parser.add_argument("--workloads", default="default,mixed")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--output-dir", default="examples/results")
     parser.add_argument("--threads", type=int, default=None,
