@@ -54,14 +54,14 @@ class Engine:
         self.num_proposed_drafts += sum(drafted)
         num_uncached = 0 if self.adaptive is None else sum(r.num_tokens - self.runner.seq_len(r.slot) for r in requests)
         if self.adaptive is not None and any(drafted):
-            proposal = self._allocate(proposal, num_uncached, draft_seconds)
+            proposal = self._allocate(requests, proposal, num_uncached, draft_seconds)
         clock = time.perf_counter()
         result = self._verify(requests, proposal)
         self.stats.observe_step(plan.batch_size, plan.k_max)
         self.num_steps += 1
         finished = self._commit(requests, proposal, result)
         if self.adaptive is not None:
-            self.adaptive.observe(proposal.confidence, result.num_accepted)
+            self.adaptive.observe([r.req_id for r in requests], proposal.confidence, result.num_accepted)
             self.adaptive.observe_times(len(requests), num_uncached + sum(proposal.num_draft_tokens),
                                         time.perf_counter() - clock)
         return finished
@@ -96,9 +96,11 @@ class Engine:
         proposal.validate(num_drafts, source=type(self.proposer).__name__)
         return self._cut_at_stop(requests, proposal)
 
-    def _allocate(self, proposal: Proposal, num_uncached: int, draft_seconds: float) -> Proposal:
+    def _allocate(self, requests: list[Request], proposal: Proposal, num_uncached: int,
+                  draft_seconds: float) -> Proposal:
         """Keep the prefix of each request's drafts that adaptive verification admits."""
-        budget = self.adaptive.allocate(proposal.confidence, num_uncached, draft_seconds)
+        budget = self.adaptive.allocate([r.req_id for r in requests], proposal.confidence, num_uncached,
+                                        draft_seconds)
         return _trim(proposal, budget.lengths)
 
     def _cut_at_stop(self, requests: list[Request], proposal: Proposal) -> Proposal:
@@ -146,6 +148,8 @@ class Engine:
             request.slot = None
         if self.proposer is not None:
             self.proposer.finish(request.draft_view())
+        if self.adaptive is not None:
+            self.adaptive.finish(request.req_id)
 
     def abort(self) -> None:
         """Release every running request's cache slots after an error, so the runner and drafter stay usable."""

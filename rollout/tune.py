@@ -3,12 +3,13 @@ the speculative-config JSON that this engine and `vllm serve --speculative-confi
 
 Two steps. (1) Predict: roll out the default task once at the largest K to measure acceptance per draft position,
 measure the step costs, and predict each K's speedup per batch size (spec/tuning.py). (2) Measure (unless
-`--predict-only`): at each batch size of a doubling grid, roll out the same prompts with every candidate K
-(0, powers of two up to the largest K, and the predicted best) as a one-range schedule on the same generator,
+`--predict-only`): at each batch size of a doubling grid, roll out the same prompts with every candidate K (0,
+powers of two up to the largest K, and the predicted best) as a one-range schedule on the same generator,
 interleaved, over `--repeats` prompt sets, and keep the smallest K that the fastest does not beat by `--min-gain`
-(so K = 0 unless speculation wins by that much). Between grid points the schedule switches at their geometric mean. The prediction is a steady-state
-model: it does not see a real step's per-token bookkeeping, the drafter's prefill, or how a closed batch drains
-(short completions end mid-draft, the longest ones finish alone), which is why the measured choice decides.
+(so K = 0 unless speculation wins by that much). Between grid points the schedule switches at their geometric mean.
+The prediction is a steady-state model: it does not see a real step's per-token bookkeeping, the drafter's prefill,
+or how a closed batch drains (short completions end mid-draft, the longest ones finish alone), which is why the
+measured choice decides.
 """
 
 import json

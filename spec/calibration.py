@@ -58,13 +58,15 @@ class ConfidenceCalibrator:
         position's observed rate, from the same prior (as of its last refit)."""
         return self._rates[min(position, self.max_positions - 1)]
 
-    def survival(self, confidences: list[list[float]]) -> list[list[float]]:
-        """Per request, S(r, k) for k = 1 .. len(confidences[r]): cumulative products of calibrated values."""
+    def survival(self, confidences: list[list[float]], factors: list[float] | None = None) -> list[list[float]]:
+        """Per request, S(r, k) for k = 1 .. len(confidences[r]): cumulative products of calibrated values, each
+        scaled by the request's factor (capped at 1) when factors are given."""
         value, survival = self.value, []
-        for conf in confidences:
+        for r, conf in enumerate(confidences):
+            factor = 1.0 if factors is None else factors[r]
             running, products = 1.0, []
             for position, raw in enumerate(conf):
-                running *= value(position, raw)
+                running *= min(1.0, value(position, raw) * factor)
                 products.append(running)
             survival.append(products)
         return survival

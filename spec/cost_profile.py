@@ -1,10 +1,11 @@
 """Measuring the step-cost model (spec/step_cost.py) on the running hardware, and caching it on disk.
 
-The profile times the real work on scratch cache slots: for num_reqs on a doubling grid up to max_num_seqs,
-rows holding a typical mid-rollout context verify 1 .. max_tokens_per_row tokens each (target forward and
-rejection sampling), or draft one token each (the draft-model proposer's own propose call). It runs once per (models, dtype, device, threads, grid): the result is a JSON
-file in the cache folder (`$SPEC_ROLLOUTS_CACHE`, else `$XDG_CACHE_HOME/spec-rollouts`, else
-`~/.cache/spec-rollouts`), which later runs load and the engine's online refinement keeps up to date.
+The profile times the real work on scratch cache slots: for num_reqs on a doubling grid up to max_num_seqs, rows
+holding a typical mid-rollout context verify 1 .. max_tokens_per_row tokens each (target forward and rejection
+sampling), or draft one token each (the draft-model proposer's own propose call). It runs once per (models, dtype,
+device, threads, grid): the result is a JSON file in the cache folder (`$SPEC_ROLLOUTS_CACHE`, else
+`$XDG_CACHE_HOME/spec-rollouts`, else `~/.cache/spec-rollouts`), which later runs load and the engine's online
+refinement keeps up to date.
 """
 
 import hashlib

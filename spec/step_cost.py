@@ -76,8 +76,9 @@ class StepCostModel:
     @classmethod
     def from_dict(cls, table: dict) -> "StepCostModel":
         if not isinstance(table, dict) or "verify" not in table or set(table) - {"verify", "draft"}:
+            got = sorted(table) if isinstance(table, dict) else table
             raise ValueError(f"{FIELD}: expected {{'verify': {{num_reqs: {{num_tokens: seconds}}}}, 'draft': "
-                             f"{{num_reqs: seconds}}}} (draft optional); got keys {sorted(table) if isinstance(table, dict) else table!r}")
+                             f"{{num_reqs: seconds}}}} (draft optional); got keys {got!r}")
         return cls(table["verify"], table.get("draft"))
 
     @classmethod

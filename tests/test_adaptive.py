@@ -129,7 +129,7 @@ def test_costlier_verification_verifies_fewer_drafts(target, draft):
 def test_draft_model_stops_extending_rows_that_are_not_worth_it(draft):
     seen = []
 
-    def keep_drafting(confidences):
+    def keep_drafting(req_ids, confidences):
         seen.append([len(c) for c in confidences])
         return [len(c) < 2 for c in confidences]
 
@@ -181,39 +181,39 @@ def test_drafting_extends_the_requests_whose_next_drafts_pay_for_a_forward():
     costs = StepCostModel({1: {1: 1.0, 10: 1.0}}, {1: 0.2, 8: 0.2})  # a draft forward: 0.2 s whatever its rows
     calibrator = ConfidenceCalibrator(max_positions=4, num_bins=10)
     adaptive = AdaptiveVerifier(calibrator, costs)
-    assert adaptive.keep_drafting([[0.95], [0.05]]) == [True, True]  # before any allocation: up to k_max
+    assert adaptive.keep_drafting([0, 1], [[0.95], [0.05]]) == [True, True]  # before any allocation: up to k_max
     calibrator.observe(np.ones(10, dtype=np.int64), np.full(10, 0.95), np.array([True] * 9 + [False]))
     assert calibrator.acceptance_rate(1) == pytest.approx((9 + 2) / (10 + 4))  # observed, with the 1/2 prior
     adaptive.rate, adaptive.threshold = 1.0, 0.1  # 1 token/s; a verified token pays above survival 0.1
     # Next survival = survival x the next position's acceptance rate (11/14): 0.95 -> 0.746, 0.05 -> 0.039.
     # Extending the first alone nets 0.746 - 0.1 - 1.0 x 0.2 = 0.45 tokens; the second is below the threshold.
-    assert adaptive.keep_drafting([[0.95], [0.05]]) == [True, False]
+    assert adaptive.keep_drafting([0, 1], [[0.95], [0.05]]) == [True, False]
     # 0.3 x 11/14 = 0.236 each: one alone nets 0.136 - 0.2 < 0, both share the forward and net 0.07
-    assert adaptive.keep_drafting([[0.3], [0.3]]) == [True, True]
+    assert adaptive.keep_drafting([0, 1], [[0.3], [0.3]]) == [True, True]
     adaptive.rate = 2.0  # a forward now costs 0.4 tokens' worth: a lone 0.746 still pays, a pair of 0.236 not
-    assert adaptive.keep_drafting([[0.95]]) == [True]
-    assert adaptive.keep_drafting([[0.3], [0.3]]) == [False, False]
+    assert adaptive.keep_drafting([0], [[0.95]]) == [True]
+    assert adaptive.keep_drafting([0, 1], [[0.3], [0.3]]) == [False, False]
     # An unsure draft does not make the next one look unsure: after 0.95 (calibrated 0.95) and 0.3 (0.35, its bin's
     # prior) the survival is 0.3325; position 2 accepted 20 of 20 (rate 22/24), so the next survival is 0.305 and
     # extending nets 0.305 - 0.1 - 0.5 x 0.2 > 0. Taking the last draft's 0.35 again (0.116) would stop.
     calibrator.observe(np.full(20, 2), np.full(20, 0.95), np.ones(20, dtype=bool))
     adaptive.rate = 0.5
-    assert adaptive.keep_drafting([[0.95, 0.3]]) == [True]
+    assert adaptive.keep_drafting([0], [[0.95, 0.3]]) == [True]
 def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monkeypatch):
     clock = iter([10.0, 10.5, 11.0])
     monkeypatch.setattr("spec.adaptive.time", SimpleNamespace(perf_counter=lambda: next(clock)))
     costs = StepCostModel({2: {2: 1.0, 10: 2.0}}, {1: 0.2, 2: 0.2, 8: 0.3})
     adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
-    assert adaptive.keep_drafting([[0.9], [0.9]]) == [True, True]  # at 10.0: both rows extended
-    assert adaptive.keep_drafting([[0.9, 0.9], [0.9]]) == [True, True]  # at 10.5: that extension took 0.5 s
-    budget = adaptive.allocate([[0.9, 0.9, 0.9], [0.9, 0.9]], num_fixed_tokens=2, draft_seconds=0.75)
+    assert adaptive.keep_drafting([0, 1], [[0.9], [0.9]]) == [True, True]  # at 10.0: both rows extended
+    assert adaptive.keep_drafting([0, 1], [[0.9, 0.9], [0.9]]) == [True, True]  # at 10.5: that extension took 0.5 s
+    budget = adaptive.allocate([0, 1], [[0.9, 0.9, 0.9], [0.9, 0.9]], num_fixed_tokens=2, draft_seconds=0.75)
     # the step is charged the drafting time it took, not a modelled one
     assert budget.seconds == pytest.approx(0.75 + float(costs.verify_cost(2, 2 + budget.num_drafts)))
     adaptive.observe_times(2, 2 + budget.num_drafts, budget.seconds - 0.75)
     # one extension of 2 rows in 0.5 s against 0.2 predicted: the cost at 2 rows moves 10% of the (bounded) 0.2 s gap;
     # the drafting after the second call (ended by allocate) is not counted as an extension
     assert costs.draft_cost([2]) == pytest.approx(0.22)
-    adaptive.keep_drafting([[0.9]])  # at 11.0: a new step, nothing extended yet
+    adaptive.keep_drafting([0], [[0.9]])  # at 11.0: a new step, nothing extended yet
     adaptive.observe_times(1, 1, 1.0)
     assert costs.draft_cost([2]) == pytest.approx(0.22)
 
@@ -222,11 +222,28 @@ def test_drafting_decisions_use_the_rate_last_seen_at_a_similar_batch_size():
     costs = StepCostModel({n: {n: 1.0, 9 * n: 1.0 + 0.1 * n} for n in (1, 2, 4, 8, 16, 32)}, {1: 0.1, 32: 0.2})
     adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
     adaptive.begin_step(32)
-    big = adaptive.allocate([[0.9, 0.9]] * 32, num_fixed_tokens=32, draft_seconds=0.5)
+    big = adaptive.allocate(list(range(32)), [[0.9, 0.9]] * 32, num_fixed_tokens=32, draft_seconds=0.5)
     adaptive.begin_step(1)
-    small = adaptive.allocate([[0.9, 0.9]], num_fixed_tokens=1, draft_seconds=0.2)
+    small = adaptive.allocate([0], [[0.9, 0.9]], num_fixed_tokens=1, draft_seconds=0.2)
     assert small.rate < big.rate / 4  # a lone request: far fewer tokens for a step of similar cost
     adaptive.begin_step(40)  # a batch of 32-63 again: back to the rate and threshold seen at 32
     assert (adaptive.rate, adaptive.threshold) == (big.rate, big.threshold)
     adaptive.begin_step(200)  # no allocation at this size yet: the last allocation's
     assert (adaptive.rate, adaptive.threshold) == (big.rate, big.threshold)
+
+
+def test_a_request_whose_confident_drafts_keep_failing_stops_being_offered_drafts():
+    costs = StepCostModel({2: {2: 1.0, 10: 1.8}}, {1: 0.01, 2: 0.01})  # a verified draft costs 0.1 s
+    adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
+    sure = [[0.95, 0.95, 0.95, 0.95]] * 2
+    assert adaptive.allocate([7, 8], sure, num_fixed_tokens=2, draft_seconds=0.0).lengths == [4, 4]
+    for _ in range(10):  # the drafter is as sure of both, but request 7's first draft is always rejected
+        adaptive.observe([7, 8], sure, [0, 4])
+    assert adaptive.allocate([7, 8], sure, num_fixed_tokens=2, draft_seconds=0.0).lengths == [0, 4]
+    for _ in range(20):  # steps in which request 7 got no drafts: its record fades and it is tried again
+        adaptive.observe([7, 8], [[], sure[1]], [0, 4])
+    assert adaptive.allocate([7, 8], sure, num_fixed_tokens=2, draft_seconds=0.0).lengths == [4, 4]
+    for _ in range(10):
+        adaptive.observe([7, 8], sure, [0, 4])
+    adaptive.finish(7)  # a new request reusing the id starts from the prior again
+    assert adaptive.allocate([7, 8], sure, num_fixed_tokens=2, draft_seconds=0.0).lengths == [4, 4]

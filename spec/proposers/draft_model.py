@@ -9,8 +9,8 @@ holds. A step for requests with k > 0:
    holds the shared prompt copies it instead of prefilling it again.
 2. One ragged forward over every row's uncached tokens (one logit per row), then up to k - 1 one-token
    forwards over the rows still drafting. After k drafts the cache holds token_ids + drafts[:k-1].
-   `keep_drafting` (adaptive verification) can end a row early: given each drafting row's confidences so far,
-   it says which rows are worth one more draft.
+   `keep_drafting` (adaptive verification) can end a row early: given each drafting row's request id and its
+   confidences so far, it says which rows are worth one more draft.
 
 The draft distribution q is `processed_logprobs` under the request's temperature / top-k / top-p.
 `draft_sample_method="greedy"`: the draft is argmax q, a point proposal (draft_probs=None).
@@ -62,7 +62,8 @@ class DraftModelProposer:
     """Drafts with a loaded HF causal LM through `build_runner` (RaggedRunner when the architecture allows)."""
 
     def __init__(self, model, *, max_num_seqs: int, max_model_len: int, draft_sample_method: str = "greedy",
-                 device=None, dtype=None, keep_drafting: Callable[[list[list[float]]], list[bool]] | None = None):
+                 device=None, dtype=None,
+                 keep_drafting: Callable[[list[int], list[list[float]]], list[bool]] | None = None):
         if draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method={draft_sample_method!r} is not one of {DRAFT_SAMPLE_METHODS}")
         self.draft_sample_method = draft_sample_method
@@ -108,7 +109,8 @@ class DraftModelProposer:
             drafts.add(rows, *self._sample(logits, [requests[i] for i in rows], sampling.select(rows)))
             rows = [i for i in rows if ks[i] > step + 1]
             if rows and self.keep_drafting is not None:
-                rows = [i for i, keep in zip(rows, self.keep_drafting([drafts.confidence[i] for i in rows])) if keep]
+                keep = self.keep_drafting([requests[i].req_id for i in rows], [drafts.confidence[i] for i in rows])
+                rows = [i for i, kept in zip(rows, keep) if kept]
             if not rows:
                 break
             logits = self._feed([states[i] for i in rows], [drafts.token_ids[i][-1:] for i in rows])  # [rows, vocab]
