@@ -20,8 +20,9 @@ Per request. The calibrator maps confidence to acceptance for all requests alike
 drafts for a prompt it predicts badly as for one it predicts well (on the benchmark's mixed workload, drafts with
 confidence >= 0.9 are accepted 99.7% of the time on task prompts and 54% on noise). So each running request keeps
 its accepted drafts over their calibrated predictions (from a prior of 2 drafts as predicted; older steps fade by
-0.8 a step, so a request that stopped getting drafts drifts back and is tried again), and its calibrated values are
-scaled by that factor (capped at 1) in its survival and its next-draft estimate.
+0.8 a step, so a request that stopped getting drafts drifts back and is tried again). Below 0.8 that ratio scales
+the request's calibrated values (ratio / 0.8, in its survival and its next-draft estimate); above it they stand: a
+well-predicted request's ratio wanders by chance, and compounded over several drafts that would trim drafts that pay.
 
 Costs. The allocation charges the step the drafting time it actually took (measured by the engine); the drafter's
 further forwards are charged D(m) from the cost model, whose cost at m rows is refined from the measured time of every
@@ -41,10 +42,13 @@ from spec.step_cost import StepCostModel
 
 CONFIDENCE_FALLBACKS = ("acceptance_rate",)
 _REQUEST_PRIOR = 2.0  # a request's acceptance factor starts as if 2 drafts had been accepted as predicted
+_REQUEST_TOLERANCE = 0.8  # a request's factor counts only below this ratio of accepted to predicted drafts: a
+# well-predicted request's own ratio wanders +-10-20% by chance, and compounded over several drafts that would trim
+# drafts that pay
 _REQUEST_MEMORY = 0.8  # per step: a request's past outcomes fade, so one that got no drafts drifts back to the
 # prior and is tried again (a streak of rejections must not end its drafting for good)
-_OBSERVE_BATCH = 64  # judged drafts handed to the calibrator at once: an update costs tens of microseconds
-# whatever its size, a sizeable share of a small batch's step; the map moves little in 64 outcomes
+_OBSERVE_BATCH = 64  # judged drafts handed to the calibrator at once (or 1/16 of those it has, if more): an update
+# costs a few hundred microseconds in the engine's loop whatever its size, and the map moves little in that many
 
 
 class AdaptiveVerifier:
@@ -59,6 +63,7 @@ class AdaptiveVerifier:
         self._extension: tuple[int, float] | None = None  # rows the last keep_drafting call extended, and when
         self._extension_times: list[tuple[int, float]] = []  # this step's extensions: (rows, seconds)
         self._judged: tuple[list[int], list[float], list[bool]] = ([], [], [])  # not yet handed to the calibrator
+        self._num_calibrated = 0  # judged drafts handed to it so far
         self._requests: dict[int, list[float]] = {}  # running request -> [drafts accepted, calibrated predictions]
 
     def begin_step(self, num_reqs: int) -> None:
@@ -124,7 +129,7 @@ class AdaptiveVerifier:
             positions.extend(range(judged))
             raw.extend(conf[:judged])
             accepted.extend(j < n for j in range(judged))
-        if len(positions) >= _OBSERVE_BATCH:
+        if len(positions) >= max(_OBSERVE_BATCH, self._num_calibrated // 16):
             self._calibrate()
 
     def finish(self, req_id: int) -> None:
@@ -137,11 +142,13 @@ class AdaptiveVerifier:
         factors = []
         for req_id in req_ids:
             record = self._requests.get(req_id)
-            factors.append(1.0 if record is None else (record[0] + _REQUEST_PRIOR) / (record[1] + _REQUEST_PRIOR))
+            ratio = 1.0 if record is None else (record[0] + _REQUEST_PRIOR) / (record[1] + _REQUEST_PRIOR)
+            factors.append(min(1.0, ratio / _REQUEST_TOLERANCE))
         return factors
 
     def _calibrate(self) -> None:
         positions, raw, accepted = self._judged
+        self._num_calibrated += len(positions)
         self.calibrator.observe(np.array(positions, dtype=np.int64), np.array(raw, dtype=np.float64),
                                 np.array(accepted, dtype=bool))
         self._judged = ([], [], [])

@@ -15,6 +15,7 @@ by a tenth of the (bounded) error, so the model learns what the profile misses (
 stale profile) in level and in slope where the engine actually runs; the slopes decide the budget.
 """
 
+import bisect
 import json
 from dataclasses import dataclass
 
@@ -30,34 +31,54 @@ _MIN_SECONDS = 1e-6
 
 class _Curve:
     """One cost curve: seconds at increasing sizes, piecewise-linear between them, extended along its last segment
-    (and flat below the first). Kept as arrays: the engine reads and refines curves every step."""
+    (and flat below the first). The engine reads and refines curves every step, mostly one size at a time: that is
+    plain Python (`at`, `learn`); arrays of sizes go through numpy."""
 
     def __init__(self, points: dict[int, float]):
-        self.xs = np.array(list(points), dtype=np.float64)
-        self.ys = np.array(list(points.values()), dtype=np.float64)
-        self._slope = (self.ys[-1] - self.ys[-2]) / (self.xs[-1] - self.xs[-2]) if len(self.xs) > 1 else 0.0
+        self.xs = [float(x) for x in points]
+        self.ys = [float(y) for y in points.values()]
+        self._arrays = None  # (xs, ys) as numpy arrays, rebuilt after a change
+
+    def at(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if x >= xs[-1]:
+            return ys[-1] + (self._slope() * (x - xs[-1]) if len(xs) > 1 else 0.0)
+        i = bisect.bisect_right(xs, x)
+        if i == 0:
+            return ys[0]
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
 
     def __call__(self, x):
-        y = np.interp(x, self.xs, self.ys)
-        return np.where(x > self.xs[-1], self.ys[-1] + self._slope * (x - self.xs[-1]), y)
+        if self._arrays is None:
+            self._arrays = np.array(self.xs), np.array(self.ys)
+        xs, ys = self._arrays
+        y = np.interp(x, xs, ys)
+        return np.where(x > xs[-1], ys[-1] + self._slope() * (x - xs[-1]), y) if len(xs) > 1 else y
+
+    def _slope(self) -> float:
+        return (self.ys[-1] - self.ys[-2]) / (self.xs[-1] - self.xs[-2])
 
     def learn(self, x: float, delta: float) -> None:
         """Move the curve by delta seconds at size x: the two points around x in proportion to their interpolation
         weights (past either end, the end segment as a whole), then kept non-decreasing. Observed steps so correct the
         profile's level and slope where the engine runs, and leave the rest as measured."""
-        i = int(np.searchsorted(self.xs, x))
+        xs, ys = self.xs, self.ys
+        i = bisect.bisect_left(xs, x)
         if i == 0:
-            self.ys[0] += delta
-        elif i == len(self.xs):
-            self.ys[-2:] += delta
+            ys[0] += delta
+        elif i == len(xs):
+            ys[-1] += delta
+            if len(xs) > 1:
+                ys[-2] += delta
         else:
-            upper = (x - self.xs[i - 1]) / (self.xs[i] - self.xs[i - 1])
+            upper = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
             step = delta / ((1 - upper) ** 2 + upper ** 2)  # so that the curve at x moves by exactly delta
-            self.ys[i - 1] += (1 - upper) * step
-            self.ys[i] += upper * step
-        self.ys = np.maximum.accumulate(np.maximum(self.ys, _MIN_SECONDS))  # a point lowered below a smaller
-        # size's cost is held at it
-        self._slope = (self.ys[-1] - self.ys[-2]) / (self.xs[-1] - self.xs[-2]) if len(self.xs) > 1 else 0.0
+            ys[i - 1] += (1 - upper) * step
+            ys[i] += upper * step
+        floor = _MIN_SECONDS
+        for j, y in enumerate(ys):  # a point lowered below a smaller size's cost is held at it
+            floor = ys[j] = max(y, floor)
+        self._arrays = None
 
     def to_dict(self) -> dict[int, float]:
         return {int(x): float(y) for x, y in zip(self.xs, self.ys)}
@@ -71,7 +92,7 @@ class StepCostModel:
     def __post_init__(self):
         self.verify = {n: _Curve(c) for n, c in _parse_verify(self.verify).items()}  # num_reqs -> curve
         self.draft = None if self.draft is None else _Curve(_parse_curve(self.draft, f"{FIELD}['draft']"))
-        self._reqs = np.array(sorted(self.verify), dtype=np.float64)
+        self._reqs = sorted(self.verify)
 
     @classmethod
     def from_dict(cls, table: dict) -> "StepCostModel":
@@ -109,7 +130,8 @@ class StepCostModel:
 
     def observe_verify(self, num_reqs: int, num_tokens: int, seconds: float) -> None:
         (low, high), weight = self._bracket(num_reqs)
-        delta = _bounded(seconds, float(self.verify_cost(num_reqs, num_tokens)))
+        predicted = (1 - weight) * self.verify[low].at(num_tokens) + weight * self.verify[high].at(num_tokens)
+        delta = _bounded(seconds, predicted)
         for n, share in ((low, 1 - weight), (high, weight)):
             if share > 0:
                 self.verify[n].learn(num_tokens, _REFINE_RATE * share * delta)
@@ -117,17 +139,16 @@ class StepCostModel:
     def observe_draft(self, num_rows: list[int], seconds: list[float]) -> None:
         """Measured draft forwards (rows and seconds of each): one refinement step at their mean size."""
         if self.draft is not None and num_rows:
-            predicted = self.draft(np.asarray(num_rows, dtype=np.float64)).tolist()
-            deltas = [_bounded(s, p) for s, p in zip(seconds, predicted)]
+            deltas = [_bounded(s, self.draft.at(n)) for n, s in zip(num_rows, seconds)]
             self.draft.learn(sum(num_rows) / len(num_rows), _REFINE_RATE * sum(deltas) / len(deltas))
 
     def _bracket(self, num_reqs: int) -> tuple[tuple[int, int], float]:
         """The two grid num_reqs around num_reqs and the interpolation weight of the upper one."""
-        i = int(np.searchsorted(self._reqs, num_reqs))
+        i = bisect.bisect_left(self._reqs, num_reqs)
         if i == 0 or i == len(self._reqs):
-            n = int(self._reqs[min(i, len(self._reqs) - 1)])
+            n = self._reqs[min(i, len(self._reqs) - 1)]
             return (n, n), 0.0
-        low, high = int(self._reqs[i - 1]), int(self._reqs[i])
+        low, high = self._reqs[i - 1], self._reqs[i]
         return (low, high), (num_reqs - low) / (high - low)
 
 
