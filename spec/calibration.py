@@ -43,10 +43,6 @@ class ConfidenceCalibrator:
         self._num_unfitted = np.zeros(max_positions)  # outcomes per position since its last refit
         self._error = {name: np.zeros((3, _NUM_ERROR_BINS)) for name in ("calibrated", "raw")}
 
-    def calibrate(self, positions: np.ndarray, raw: np.ndarray) -> np.ndarray:
-        """a(j, c) for each (positions[i], raw[i]); both [n]."""
-        return self.table[self._rows(positions), self._bins(raw)]
-
     def value(self, position: int, raw: float) -> float:
         """a(position, raw) of one draft. Plain Python: the engine asks for a few per request each draft step,
         where numpy's per-call overhead would cost more than the lookups."""

@@ -25,7 +25,7 @@ def test_calibration_converges_to_the_true_acceptance_probabilities():
         calibrator.observe(*_stream(rng, 600))
     centres = calibrator.centres
     for position, truth in TRUE_MAPS.items():
-        estimate = calibrator.calibrate(np.full(len(centres), position), centres)
+        estimate = np.array([calibrator.value(position, c) for c in centres])
         assert np.abs(estimate - truth(centres)).max() < 0.06, position
     # the raw confidences are miscalibrated by construction; the learned map is not
     assert calibrator.calibration_error() < 0.5 * calibrator.calibration_error("raw")
@@ -34,7 +34,7 @@ def test_calibration_converges_to_the_true_acceptance_probabilities():
 def test_before_any_outcome_the_map_trusts_the_drafter():
     calibrator = ConfidenceCalibrator(max_positions=2, num_bins=10)
     raw = np.array([0.05, 0.52, 0.99])
-    assert calibrator.calibrate(np.array([0, 1, 5]), raw) == pytest.approx([0.05, 0.55, 0.95])
+    assert [calibrator.value(p, c) for p, c in zip([0, 1, 5], raw)] == pytest.approx([0.05, 0.55, 0.95])
     assert calibrator.calibration_error() == 0.0
 
 
