@@ -59,9 +59,10 @@ class Engine:
         result = self._verify(requests, proposal)
         self.stats.observe_step(plan.batch_size, plan.k_max)
         self.num_steps += 1
+        if self.adaptive is not None:  # before the commit, which ends finished requests' adaptive records
+            self.adaptive.observe([r.req_id for r in requests], proposal.confidence, result.num_accepted)
         finished = self._commit(requests, proposal, result)
         if self.adaptive is not None:
-            self.adaptive.observe([r.req_id for r in requests], proposal.confidence, result.num_accepted)
             self.adaptive.observe_times(len(requests), num_uncached + sum(proposal.num_draft_tokens),
                                         time.perf_counter() - clock)
         return finished

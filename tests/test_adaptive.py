@@ -247,3 +247,10 @@ def test_a_request_whose_confident_drafts_keep_failing_stops_being_offered_draft
         adaptive.observe([7, 8], sure, [0, 4])
     adaptive.finish(7)  # a new request reusing the id starts from the prior again
     assert adaptive.allocate([7, 8], sure, num_fixed_tokens=2, draft_seconds=0.0).lengths == [4, 4]
+
+
+def test_finished_requests_leave_no_adaptive_record(target, draft):
+    config, draft_model = CONFIGS["draft_model"](target, draft)
+    generator = _generator(target, config, draft_model=draft_model)
+    generator.generate(PROMPTS, 2, SamplingParams(temperature=1.0, max_tokens=12, seed=0))
+    assert generator.adaptive._requests == {}  # every request's acceptance factor went with it
