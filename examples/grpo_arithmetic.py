@@ -133,6 +133,8 @@ def main(argv=None) -> dict:
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     if trainer.accelerator.is_main_process:
         print(summary(history, before, after))
+    trainer.accelerator.end_training()  # ends the process group now: left to the interpreter's exit, gloo can abort
+    # a process whose training already finished ("terminate called without an active exception")
     return {"history": history, "reward_before": before, "reward_after": after}
 
 

@@ -30,6 +30,7 @@ def main(output_dir: str) -> None:
     record = {"rank": rank, "world_size": trainer.accelerator.num_processes, "calls": calls,
               "num_syncs": callback.weight_sync.num_syncs, "logged": logged}
     Path(output_dir, f"rank{rank}.json").write_text(json.dumps(record))
+    trainer.accelerator.end_training()  # as examples/grpo_arithmetic.py: gloo left to the exit can abort a rank
 
 
 if __name__ == "__main__":
