@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts
 from rollout.cli import DEFAULT_SCHEDULE
+from rollout.tune import repeats_at
 from spec.tuning import predicted_speedup
 
 STATIC_KS = (1, 2, 4, 8)
@@ -70,7 +71,7 @@ def run_workload(workload: str, runners: dict, batch_sizes, repeats: int, max_to
     for batch_size in batch_sizes:
         names = list(runners)
         runs = {name: [] for name in names}
-        for repeat in range(max(3, repeats * 16 // max(batch_size, 16))):
+        for repeat in range(repeats_at(batch_size, repeats)):
             prompts = make_prompts(batch_size, seed=1000 * batch_size + repeat)
             params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=repeat)
             for name in names[repeat % len(names):] + names[:repeat % len(names)]:

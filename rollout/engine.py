@@ -53,14 +53,15 @@ class Engine:
         drafted, draft_seconds = proposal.num_draft_tokens, time.perf_counter() - clock
         self.num_proposed_drafts += sum(drafted)
         num_uncached = 0 if self.adaptive is None else sum(r.num_tokens - self.runner.seq_len(r.slot) for r in requests)
+        req_ids = None if self.adaptive is None else [r.req_id for r in requests]
         if self.adaptive is not None and any(drafted):
-            proposal = self._allocate(requests, proposal, num_uncached, draft_seconds)
+            proposal = self._allocate(req_ids, proposal, num_uncached, draft_seconds)
         clock = time.perf_counter()
         result = self._verify(requests, proposal)
         self.stats.observe_step(plan.batch_size, plan.k_max)
         self.num_steps += 1
         if self.adaptive is not None:  # before the commit, which ends finished requests' adaptive records
-            self.adaptive.observe([r.req_id for r in requests], proposal.confidence, result.num_accepted)
+            self.adaptive.observe(req_ids, proposal.confidence, result.num_accepted)
         finished = self._commit(requests, proposal, result)
         if self.adaptive is not None:
             self.adaptive.observe_times(len(requests), num_uncached + sum(proposal.num_draft_tokens),
@@ -97,11 +98,9 @@ class Engine:
         proposal.validate(num_drafts, source=type(self.proposer).__name__)
         return self._cut_at_stop(requests, proposal)
 
-    def _allocate(self, requests: list[Request], proposal: Proposal, num_uncached: int,
-                  draft_seconds: float) -> Proposal:
+    def _allocate(self, req_ids: list[int], proposal: Proposal, num_uncached: int, draft_seconds: float) -> Proposal:
         """Keep the prefix of each request's drafts that adaptive verification admits."""
-        budget = self.adaptive.allocate([r.req_id for r in requests], proposal.confidence, num_uncached,
-                                        draft_seconds)
+        budget = self.adaptive.allocate(req_ids, proposal.confidence, num_uncached, draft_seconds)
         return _trim(proposal, budget.lengths)
 
     def _cut_at_stop(self, requests: list[Request], proposal: Proposal) -> Proposal:

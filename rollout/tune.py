@@ -70,7 +70,7 @@ def measure_speeds(generator: RolloutGenerator, static: dict, batch_size: int, k
     warm = SamplingParams(temperature=params.temperature, max_tokens=params.max_tokens, seed=args.seed)
     for k in ks:  # untimed: the first call at a batch size pays for allocations
         _use_k(generator, static, k).generate(default_prompts(1, seed=args.seed), 1, warm, use_tqdm=False)
-    for repeat in range(max(3, args.repeats * 16 // max(batch_size, 16))):
+    for repeat in range(repeats_at(batch_size, args.repeats)):
         prompts = default_prompts(batch_size // per_prompt, seed=args.seed + 1000 * batch_size + repeat)
         run_params = SamplingParams(temperature=params.temperature, max_tokens=params.max_tokens,
                                     seed=args.seed + repeat)
@@ -79,6 +79,12 @@ def measure_speeds(generator: RolloutGenerator, static: dict, batch_size: int, k
             tokens[k] += stats["num_completion_tokens"]
             seconds[k] += stats["elapsed_s"]
     return {k: tokens[k] / seconds[k] for k in ks}
+
+
+def repeats_at(batch_size: int, repeats: int) -> int:
+    """Rollouts to time at a batch size: `repeats` up to batch 16, proportionally fewer above, at least 3 (a small
+    batch's speed depends on how its few completions happen to end)."""
+    return max(3, repeats * 16 // max(batch_size, 16))
 
 
 def _use_k(generator: RolloutGenerator, static: dict, k: int) -> RolloutGenerator:

@@ -63,7 +63,6 @@ class AdaptiveVerifier:
         self._extension: tuple[int, float] | None = None  # rows the last keep_drafting call extended, and when
         self._extension_times: list[tuple[int, float]] = []  # this step's extensions: (rows, seconds)
         self._judged: tuple[list[int], list[float], list[bool]] = ([], [], [])  # not yet handed to the calibrator
-        self._num_calibrated = 0  # judged drafts handed to it so far
         self._requests: dict[int, list[float]] = {}  # running request -> [drafts accepted, calibrated predictions]
 
     def begin_step(self, num_reqs: int) -> None:
@@ -129,7 +128,7 @@ class AdaptiveVerifier:
             positions.extend(range(judged))
             raw.extend(conf[:judged])
             accepted.extend(j < n for j in range(judged))
-        if len(positions) >= max(_OBSERVE_BATCH, self._num_calibrated // 16):
+        if len(positions) >= max(_OBSERVE_BATCH, self.calibrator.num_observations // 16):
             self._calibrate()
 
     def finish(self, req_id: int) -> None:
@@ -148,7 +147,6 @@ class AdaptiveVerifier:
 
     def _calibrate(self) -> None:
         positions, raw, accepted = self._judged
-        self._num_calibrated += len(positions)
         self.calibrator.observe(np.array(positions, dtype=np.int64), np.array(raw, dtype=np.float64),
                                 np.array(accepted, dtype=bool))
         self._judged = ([], [], [])

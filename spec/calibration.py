@@ -41,6 +41,7 @@ class ConfidenceCalibrator:
         self._rows_list = self.table.tolist()  # the same, for the per-draft lookups of `value` (plain Python)
         self._rates = [0.5] * max_positions  # acceptance rate per position, whatever the confidence (prior 1/2)
         self._num_unfitted = np.zeros(max_positions)  # outcomes per position since its last refit
+        self.num_observations = 0  # judged drafts observed (a plain int: the engine reads it every step)
         self._error = {name: np.zeros((3, _NUM_ERROR_BINS)) for name in ("calibrated", "raw")}
 
     def value(self, position: int, raw: float) -> float:
@@ -72,6 +73,7 @@ class ConfidenceCalibrator:
         if not len(positions):
             return
         accepted = np.asarray(accepted, dtype=np.float64)
+        self.num_observations += len(accepted)
         rows, bins = self._rows(positions), self._bins(raw)
         self._count_error("calibrated", self.table[rows, bins], accepted)
         self._count_error("raw", np.clip(raw, 0.0, 1.0), accepted)
@@ -103,10 +105,6 @@ class ConfidenceCalibrator:
         """Expected calibration error of the judged drafts so far (0.0 before any); name: calibrated or raw."""
         predicted, observed, count = self._error[name]
         return float(np.abs(predicted - observed).sum() / max(count.sum(), 1.0))
-
-    @property
-    def num_observations(self) -> int:
-        return int(self.num_judged.sum())
 
     def _rows(self, positions: np.ndarray) -> np.ndarray:
         return np.minimum(np.asarray(positions, dtype=np.int64), self.max_positions - 1)
