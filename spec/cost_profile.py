@@ -24,6 +24,7 @@ from spec.monotone import isotonic
 from spec.step_cost import StepCostModel
 
 _CONTEXT = 32  # cached tokens per row while timing: a prompt plus part of a completion
+_FORMAT = 2  # in the cache key: tables refined by format 1 (pointwise) learned kinks, so they are measured again
 _REPEATS = 5
 
 
@@ -38,7 +39,7 @@ def cache_key(target_model, draft_model, dtype: torch.dtype, device: torch.devic
     """What a measured table depends on: architectures and sizes (not weights), dtype, hardware, grid."""
     device = torch.device(device)
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    return {"target": _architecture(target_model), "draft": None if draft_model is None else _architecture(draft_model),
+    return {"format": _FORMAT, "target": _architecture(target_model), "draft": None if draft_model is None else _architecture(draft_model),
             "dtype": str(dtype), "device": f"{device.type}:{hardware}", "threads": torch.get_num_threads(),
             "max_num_seqs": max_num_seqs, "max_tokens_per_row": max_tokens_per_row}
 
