@@ -51,6 +51,31 @@ _OBSERVE_BATCH = 64  # judged drafts handed to the calibrator at once (or 1/16 o
 # costs a few hundred microseconds in the engine's loop whatever its size, and the map moves little in that many
 
 
+class _Drafts:
+    """One request's drafts this step: raw confidences, calibrated values and survival (scaled by its factor)."""
+
+    def __init__(self, factor: float):
+        self.factor = factor
+        self.raw: list[float] = []
+        self.values: list[float] = []
+        self.survival: list[float] = []
+
+    def extend(self, confidences: list[float], value) -> None:
+        running = self.survival[-1] if self.survival else 1.0
+        for position in range(len(self.raw), len(confidences)):
+            raw = confidences[position]
+            calibrated = value(position, raw)
+            running *= calibrated * self.factor  # both at most 1
+            self.raw.append(raw)
+            self.values.append(calibrated)
+            self.survival.append(running)
+
+    def prefix(self, length: int) -> "_Drafts":
+        cut = _Drafts(self.factor)
+        cut.raw, cut.values, cut.survival = self.raw[:length], self.values[:length], self.survival[:length]
+        return cut
+
+
 class AdaptiveVerifier:
     def __init__(self, calibrator: ConfidenceCalibrator, costs: StepCostModel | None = None, refine: bool = True):
         self.calibrator = calibrator
@@ -64,6 +89,8 @@ class AdaptiveVerifier:
         self._extension_times: list[tuple[int, float]] = []  # this step's extensions: (rows, seconds)
         self._judged: tuple[list[int], list[float], list[bool]] = ([], [], [])  # not yet handed to the calibrator
         self._requests: dict[int, list[float]] = {}  # running request -> [drafts accepted, calibrated predictions]
+        self._drafts: dict[int, _Drafts] = {}  # this step's drafts per request, calibrated as they come
+        self._drafts_version = calibrator.version  # the calibration they were calibrated with
 
     def begin_step(self, num_reqs: int) -> None:
         """A step of num_reqs requests starts: drafting decisions use the rate and threshold of the last allocation
@@ -71,6 +98,7 @@ class AdaptiveVerifier:
         rate, and a fresh full batch must not inherit it), or the last allocation's when there was none."""
         self._batch_size_bucket = num_reqs.bit_length()
         self.rate, self.threshold = self._by_batch_size.get(self._batch_size_bucket, (self.rate, self.threshold))
+        self._drafts = {}
 
     def keep_drafting(self, req_ids: list[int], confidences: list[list[float]]) -> list[bool]:
         """Per request (its id, the raw confidences of its drafts so far): does it get one more draft?"""
@@ -86,14 +114,14 @@ class AdaptiveVerifier:
         if not self.rate:
             return [True] * len(confidences)
         # Plain Python: this runs before every draft forward, mostly on a few rows.
-        rate, factors = self.calibrator.acceptance_rate, self._factors(req_ids)
-        next_survival = [s[-1] * min(1.0, rate(len(s)) * f)
-                         for s, f in zip(self.calibrator.survival(confidences, factors), factors)]
+        rate = self.calibrator.acceptance_rate
+        next_survival = [d.survival[-1] * rate(len(d.survival)) * d.factor
+                         for d in self._calibrated(req_ids, confidences)]
         order = sorted(range(len(confidences)), key=next_survival.__getitem__, reverse=True)
         # Extending the top m gains sum(next survival - threshold) and costs a forward of m rows; only rows above
         # the threshold can be worth it (each further row adds a loss and the forward only gets dearer).
         candidates = [row for row in order if next_survival[row] > self.threshold]
-        forward = self.costs.draft_forward_costs(np.arange(1, len(candidates) + 1)).tolist()  # D(m)
+        forward = self.costs.draft_forward_costs(len(candidates))  # D(m)
         nets = [gain - self.rate * cost for gain, cost in
                 zip(itertools.accumulate(next_survival[row] - self.threshold for row in candidates), forward)]
         best = max(range(len(nets)), key=nets.__getitem__, default=-1)
@@ -109,7 +137,7 @@ class AdaptiveVerifier:
         k_max) and the seconds this step's drafting took."""
         self._extension = None  # drafting is over: the time from the last extension on is not a forward's
         num_reqs = len(confidences)
-        survival = self.calibrator.survival(confidences, self._factors(req_ids))
+        survival = [d.survival for d in self._calibrated(req_ids, confidences)]
         budget = choose_budget(survival, num_fixed_tokens, draft_seconds,
                                lambda num_tokens: self.costs.verify_cost(num_reqs, num_tokens))
         self.rate, self.threshold = budget.rate, budget.threshold
@@ -119,31 +147,54 @@ class AdaptiveVerifier:
     def observe(self, req_ids: list[int], confidences: list[list[float]], num_accepted: list[int]) -> None:
         """Verified drafts and how many of each request's were accepted; drafts after a rejection are unjudged."""
         positions, raw, accepted = self._judged
-        value = self.calibrator.value
-        for req_id, conf, n in zip(req_ids, confidences, num_accepted):
+        for req_id, conf, drafts, n in zip(req_ids, confidences, self._calibrated(req_ids, confidences), num_accepted):
             judged = min(n + 1, len(conf))
             record = self._requests.setdefault(req_id, [0.0, 0.0])
             record[0] = _REQUEST_MEMORY * record[0] + n
-            record[1] = _REQUEST_MEMORY * record[1] + sum(value(j, conf[j]) for j in range(judged))
+            record[1] = _REQUEST_MEMORY * record[1] + sum(drafts.values[:judged])
             positions.extend(range(judged))
             raw.extend(conf[:judged])
-            accepted.extend(j < n for j in range(judged))
+            accepted.extend([True] * n + [False] * (judged - n))  # judged - n: 0 or 1
+        self._drafts = {}  # the factors changed
         if len(positions) >= max(_OBSERVE_BATCH, self.calibrator.num_observations // 16):
             self._calibrate()
 
     def finish(self, req_id: int) -> None:
         self._requests.pop(req_id, None)
+        self._drafts.pop(req_id, None)
 
-    def _factors(self, req_ids: list[int]) -> list[float]:
-        """Per request, its drafts' accepted count over their calibrated predictions (from the prior): the
+    def survival(self, req_ids: list[int], confidences: list[list[float]]) -> list[list[float]]:
+        """Per request, S(r, k) for k = 1 .. len(confidences[r]): the running products of its drafts' calibrated
+        values, each scaled by the request's factor (below)."""
+        return [d.survival for d in self._calibrated(req_ids, confidences)]
+
+    def _calibrated(self, req_ids: list[int], confidences: list[list[float]]) -> list["_Drafts"]:
+        """The requests' drafts calibrated. A step asks about the same drafts several times (before each further
+        draft forward, then to allocate and to observe them), so each request's are calibrated once, as they come:
+        drafts that extend, or are a prefix of, those already seen reuse them (until the calibration or the
+        request's factor changes)."""
+        if self._drafts_version != self.calibrator.version:
+            self._drafts, self._drafts_version = {}, self.calibrator.version
+        cache, calibrated = self._drafts, []
+        for req_id, conf in zip(req_ids, confidences):
+            drafts = cache.get(req_id)
+            if drafts is None or drafts.raw != conf[:len(drafts.raw)]:
+                if drafts is not None and drafts.raw[:len(conf)] == conf:  # cut at a stop token, or trimmed
+                    calibrated.append(drafts.prefix(len(conf)))
+                    continue
+                drafts = cache[req_id] = _Drafts(self._factor(req_id))
+            if len(conf) > len(drafts.raw):
+                drafts.extend(conf, self.calibrator.value)
+            calibrated.append(drafts)
+        return calibrated
+
+    def _factor(self, req_id: int) -> float:
+        """The request's drafts' accepted count over their calibrated predictions (from the prior): the
         calibrator maps a drafter's confidence to acceptance for all requests alike, and a drafter can be as sure
         of its drafts for a prompt it predicts badly as for one it predicts well."""
-        factors = []
-        for req_id in req_ids:
-            record = self._requests.get(req_id)
-            ratio = 1.0 if record is None else (record[0] + _REQUEST_PRIOR) / (record[1] + _REQUEST_PRIOR)
-            factors.append(min(1.0, ratio / _REQUEST_TOLERANCE))
-        return factors
+        record = self._requests.get(req_id)
+        ratio = 1.0 if record is None else (record[0] + _REQUEST_PRIOR) / (record[1] + _REQUEST_PRIOR)
+        return min(1.0, ratio / _REQUEST_TOLERANCE)
 
     def _calibrate(self) -> None:
         positions, raw, accepted = self._judged

@@ -42,6 +42,7 @@ class ConfidenceCalibrator:
         self._rates = [0.5] * max_positions  # acceptance rate per position, whatever the confidence (prior 1/2)
         self._num_unfitted = np.zeros(max_positions)  # outcomes per position since its last refit
         self.num_observations = 0  # judged drafts observed (a plain int: the engine reads it every step)
+        self.version = 0  # counts refits: values computed before a change are stale
         self._error = {name: np.zeros((3, _NUM_ERROR_BINS)) for name in ("calibrated", "raw")}
 
     def value(self, position: int, raw: float) -> float:
@@ -54,19 +55,6 @@ class ConfidenceCalibrator:
         """P(draft `position` accepted | the drafts before it accepted), before its confidence is known: the
         position's observed rate, from the same prior (as of its last refit)."""
         return self._rates[min(position, self.max_positions - 1)]
-
-    def survival(self, confidences: list[list[float]], factors: list[float] | None = None) -> list[list[float]]:
-        """Per request, S(r, k) for k = 1 .. len(confidences[r]): cumulative products of calibrated values, each
-        scaled by the request's factor (capped at 1) when factors are given."""
-        value, survival = self.value, []
-        for r, conf in enumerate(confidences):
-            factor = 1.0 if factors is None else factors[r]
-            running, products = 1.0, []
-            for position, raw in enumerate(conf):
-                running *= min(1.0, value(position, raw) * factor)
-                products.append(running)
-            survival.append(products)
-        return survival
 
     def observe(self, positions: np.ndarray, raw: np.ndarray, accepted: np.ndarray) -> None:
         """Judged drafts: positions [n], raw confidences [n], outcomes [n] (bool)."""
@@ -86,6 +74,7 @@ class ConfidenceCalibrator:
             self._refit(row)
 
     def _refit(self, row: int) -> None:
+        self.version += 1
         self._num_unfitted[row] = 0
         weight = self.num_judged[row] + self.prior_weight
         estimate = (self.num_accepted[row] + self.prior_weight * self.centres) / weight

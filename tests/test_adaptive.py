@@ -177,6 +177,22 @@ def test_a_cost_table_can_be_a_json_file(target, tmp_path):
     assert generator.adaptive.costs.to_dict() == StepCostModel.from_dict(MODERATE).to_dict()
 
 
+def test_survival_is_the_running_product_of_calibrated_confidences_computed_once_per_step():
+    calibrator = ConfidenceCalibrator(max_positions=4, num_bins=10)
+    adaptive = AdaptiveVerifier(calibrator, StepCostModel.from_dict(FLAT))
+    adaptive.begin_step(3)
+    survival = adaptive.survival([0, 1, 2], [[0.95, 0.55], [], [0.05]])
+    assert survival[0] == pytest.approx([0.95, 0.95 * 0.55])
+    assert len(survival[1]) == 0 and survival[2] == pytest.approx([0.05])
+    # The step's later calls extend or cut what it calibrated; other drafts for the same request start over.
+    assert adaptive.survival([0], [[0.95, 0.55, 0.75]])[0] == pytest.approx([0.95, 0.95 * 0.55, 0.95 * 0.55 * 0.75])
+    assert adaptive.survival([0], [[0.95]])[0] == pytest.approx([0.95])
+    assert adaptive.survival([0], [[0.15, 0.55]])[0] == pytest.approx([0.15, 0.15 * 0.55])
+    # A refit of the calibration makes every calibrated value stale: 8 of 8 accepted in the 0.95 bin (prior 4 at 0.95).
+    calibrator.observe(np.zeros(8, dtype=int), np.full(8, 0.95), np.ones(8, dtype=bool))
+    assert adaptive.survival([0], [[0.95]])[0] == pytest.approx([(8 + 4 * 0.95) / (8 + 4)])
+
+
 def test_drafting_extends_the_requests_whose_next_drafts_pay_for_a_forward():
     costs = StepCostModel({1: {1: 1.0, 10: 1.0}}, {1: 0.2, 8: 0.2})  # a draft forward: 0.2 s whatever its rows
     calibrator = ConfidenceCalibrator(max_positions=4, num_bins=10)
@@ -210,12 +226,14 @@ def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monk
     # the step is charged the drafting time it took, not a modelled one
     assert budget.seconds == pytest.approx(0.75 + float(costs.verify_cost(2, 2 + budget.num_drafts)))
     adaptive.observe_times(2, 2 + budget.num_drafts, budget.seconds - 0.75)
-    # one extension of 2 rows in 0.5 s against 0.2 predicted: the cost at 2 rows moves 10% of the (bounded) 0.2 s gap;
-    # the drafting after the second call (ended by allocate) is not counted as an extension
-    assert costs.draft_cost([2]) == pytest.approx(0.22)
+    # One extension of 2 rows in 0.5 s, against 0.2 predicted (bounded to twice that: 0.4); the drafting after the
+    # second call (ended by allocate) is not an extension. With the table's 3 points as one observation each, the
+    # least-squares cost = level + scale x table through (0.2, 0.2), (0.2, 0.2), (0.3, 0.3), (0.2, 0.4) is
+    # 0.2 + table / 3: 0.2 + 0.2 / 3 at 2 rows.
+    assert costs.draft_cost([2]) == pytest.approx(0.2 + 0.2 / 3)
     adaptive.keep_drafting([0], [[0.9]])  # at 11.0: a new step, nothing extended yet
     adaptive.observe_times(1, 1, 1.0)
-    assert costs.draft_cost([2]) == pytest.approx(0.22)
+    assert costs.draft_cost([2]) == pytest.approx(0.2 + 0.2 / 3)
 
 
 def test_drafting_decisions_use_the_rate_last_seen_at_a_similar_batch_size():

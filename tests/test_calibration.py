@@ -48,13 +48,6 @@ def test_the_map_is_non_decreasing_in_confidence_whatever_the_outcomes():
     assert np.abs(calibrator.table[0] - 0.5).max() < 0.03
 
 
-def test_survival_is_the_running_product_of_calibrated_confidences():
-    calibrator = ConfidenceCalibrator(max_positions=4, num_bins=10)
-    survival = calibrator.survival([[0.95, 0.55], [], [0.05]])
-    assert survival[0] == pytest.approx([0.95, 0.95 * 0.55])
-    assert len(survival[1]) == 0 and survival[2] == pytest.approx([0.05])
-
-
 def test_isotonic_pools_violators_by_weight():
     assert isotonic([1.0, 3.0, 2.0, 4.0]) == pytest.approx([1.0, 2.5, 2.5, 4.0])
     assert isotonic([3.0, 1.0], [3.0, 1.0]) == pytest.approx([2.5, 2.5])
