@@ -57,4 +57,5 @@ class Request:
     def draft_view(self) -> DraftRequest:
         p = self.params
         return DraftRequest(self.req_id, self.group_id, self.token_ids, len(self.prompt_ids),
-                            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, generator=self.generator)
+                            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, generator=self.generator,
+                            stop_ids=self.stop_ids)

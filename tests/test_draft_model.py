@@ -81,6 +81,20 @@ def test_greedy_drafts_follow_the_models_greedy_continuation_across_rollbacks(mo
             _commit(request, drafts, num_accepted, extra_token=(7 * step + request.req_id) % VOCAB)
 
 
+def test_a_row_stops_drafting_at_a_stop_token(model):
+    proposer = DraftModelProposer(model, max_num_seqs=2, max_model_len=64)
+    prompt = _tokens(6, 0)
+    continuation = _greedy(model, prompt, 5)
+    stop = continuation[1]  # the second draft: the row drafts it, then nothing more
+    calls = _count_forwards(proposer)
+    proposal = proposer.propose([_request(0, prompt, stop_ids=frozenset({stop})), _request(1, _tokens(4, 1))], [5, 5])
+    drafted = continuation.index(stop) + 1
+    assert proposal.token_ids[0] == continuation[:drafted]
+    assert len(proposal.token_ids[1]) == 5  # the other row drafts on
+    # the first forward and the extensions up to the stop carry both rows, the later ones only row 1
+    assert [len(slots) for slots, _ in calls] == [2] * drafted + [1] * (5 - drafted)
+
+
 def test_rollback_leaves_the_cache_equal_to_a_fresh_prefill(model):
     proposer = DraftModelProposer(model, max_num_seqs=3, max_model_len=64)
     requests = [_request(0, _tokens(5, 3)), _request(1, _tokens(8, 4)), _request(2, _tokens(4, 5))]

@@ -25,6 +25,7 @@ class DraftRequest:
     top_k: int = -1
     top_p: float = 1.0
     generator: torch.Generator | None = None  # the request's own seeded generator
+    stop_ids: frozenset[int] = frozenset()  # tokens that end the request: drafts after one are never verified
 
     @property
     def output_token_ids(self) -> list[int]:

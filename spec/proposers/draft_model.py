@@ -9,8 +9,8 @@ holds. A step for requests with k > 0:
    holds the shared prompt copies it instead of prefilling it again.
 2. One ragged forward over every row's uncached tokens (one logit per row), then up to k - 1 one-token
    forwards over the rows still drafting. After k drafts the cache holds token_ids + drafts[:k-1].
-   `keep_drafting` (adaptive verification) can end a row early: given each drafting row's request id and its
-   confidences so far, it says which rows are worth one more draft.
+   A row stops at a stop token of its request. `keep_drafting` (adaptive verification) can end a row early too:
+   given each drafting row's request id and its confidences so far, it says which rows are worth one more draft.
 
 The draft distribution q is `processed_logprobs` under the request's temperature / top-k / top-p.
 `draft_sample_method="greedy"`: the draft is argmax q, a point proposal (draft_probs=None).
@@ -107,7 +107,8 @@ class DraftModelProposer:
         drafts, rows = _Drafts(len(requests)), list(range(len(requests)))
         for step in range(max(ks)):
             drafts.add(rows, *self._sample(logits, [requests[i] for i in rows], sampling.select(rows)))
-            rows = [i for i in rows if ks[i] > step + 1]
+            # a row that drafted a stop token is done: the engine verifies nothing after it
+            rows = [i for i in rows if ks[i] > step + 1 and drafts.token_ids[i][-1] not in requests[i].stop_ids]
             if rows and self.keep_drafting is not None:
                 keep = self.keep_drafting([requests[i].req_id for i in rows], [drafts.confidence[i] for i in rows])
                 rows = [i for i, kept in zip(rows, keep) if kept]
