@@ -54,7 +54,7 @@ class Engine:
         self.num_proposed_drafts += sum(drafted)
         num_uncached = 0 if self.adaptive is None else sum(r.num_tokens - self.runner.seq_len(r.slot) for r in requests)
         req_ids = None if self.adaptive is None else [r.req_id for r in requests]
-        if self.adaptive is not None and any(drafted):
+        if self.adaptive is not None:  # with no drafts too: the step's rate prices the next step's drafting
             proposal = self._allocate(req_ids, proposal, num_uncached, draft_seconds)
         clock = time.perf_counter()
         result = self._verify(requests, proposal)

@@ -1,7 +1,7 @@
 """Adaptive verification: the per-step policy that joins calibration, the cost model and the allocation.
 
 Per step the engine (1) lets the drafter propose up to k_max drafts per request, with `keep_drafting` deciding,
-before each further draft-model forward, which requests it extends (below); (2) calls `allocate`, which ranks
+before each draft-model forward (the first included), which requests it extends (below); (2) calls `allocate`, which ranks
 every draft by calibrated survival and returns how many each request verifies (spec/budget.py); (3) after
 verification, `observe` feeds the judged drafts back into the calibrator. Verification itself is unchanged and
 lossless: for point proposals (q one-hot at the draft) every emitted token follows the target's distribution
@@ -15,6 +15,9 @@ m makes it positive. The next survival is estimated as the current survival time
 the next draft's confidence is not known before the forward, and the last one's is a poor guess (drafts are accepted
 after an unsure draft far more often than that draft's confidence). A forward of a few rows costs about as much as
 one of many, so a lone confident request keeps drafting only while its own expected tokens pay for a whole forward.
+The first draft is decided the same way (survival 1, the first position's rate): where verification is dear and
+drafts are unsure (a large batch on a CPU, a request the drafter predicts badly) a step drafts nothing and costs
+what decoding without speculation does, instead of a draft forward over every row for drafts it then trims.
 
 Per request. The calibrator maps confidence to acceptance for all requests alike, but a drafter can be as sure of its
 drafts for a prompt it predicts badly as for one it predicts well (on the benchmark's mixed workload, drafts with
@@ -101,13 +104,16 @@ class AdaptiveVerifier:
         self._drafts = {}
 
     def keep_drafting(self, req_ids: list[int], confidences: list[list[float]]) -> list[bool]:
-        """Per request (its id, the raw confidences of its drafts so far): does it get one more draft?"""
+        """Per request (its id, the raw confidences of its drafts so far, none before the first): does it get one
+        more draft?"""
         now = time.perf_counter()
         if self._extension is not None:
             self._extension_times.append((self._extension[0], now - self._extension[1]))
         keep = self._keep(req_ids, confidences)
         num_kept = sum(keep)
-        self._extension = (num_kept, now) if num_kept else None
+        # The first forward of a step also feeds each row the tokens verified last step: it is not timed as one.
+        is_first = bool(confidences) and not confidences[0]
+        self._extension = (num_kept, now) if num_kept and not is_first else None
         return keep
 
     def _keep(self, req_ids: list[int], confidences: list[list[float]]) -> list[bool]:
@@ -115,7 +121,7 @@ class AdaptiveVerifier:
             return [True] * len(confidences)
         # Plain Python: this runs before every draft forward, mostly on a few rows.
         rate = self.calibrator.acceptance_rate
-        next_survival = [d.survival[-1] * rate(len(d.survival)) * d.factor
+        next_survival = [(d.survival[-1] if d.survival else 1.0) * rate(len(d.survival)) * d.factor
                          for d in self._calibrated(req_ids, confidences)]
         order = sorted(range(len(confidences)), key=next_survival.__getitem__, reverse=True)
         # Extending the top m gains sum(next survival - threshold) and costs a forward of m rows; only rows above

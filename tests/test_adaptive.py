@@ -136,8 +136,20 @@ def test_draft_model_stops_extending_rows_that_are_not_worth_it(draft):
     proposer = DraftModelProposer(draft, max_num_seqs=2, max_model_len=64, keep_drafting=keep_drafting)
     requests = [DraftRequest(0, 0, [5, 6, 7], 3), DraftRequest(1, 1, [9], 1)]
     proposal = proposer.propose(requests, [4, 4])
-    assert proposal.num_draft_tokens == [2, 2] and seen == [[1, 1], [2, 2]]
+    assert proposal.num_draft_tokens == [2, 2] and seen == [[0, 0], [1, 1], [2, 2]]  # asked before the first, too
     assert all(0 <= c <= 1 for conf in proposal.confidence for c in conf)
+
+
+def test_a_row_refused_its_first_draft_drafts_nothing_and_catches_up_later(draft):
+    refuse = {1}
+    proposer = DraftModelProposer(draft, max_num_seqs=2, max_model_len=64,
+                                  keep_drafting=lambda ids, conf: [i not in refuse for i in ids])
+    requests = [DraftRequest(0, 0, [5, 6, 7], 3), DraftRequest(1, 1, [9, 4], 1)]
+    assert proposer.propose(requests, [3, 3]).num_draft_tokens == [3, 0]
+    requests[1].token_ids += [8, 3]  # decoded without drafts meanwhile
+    refuse.clear()
+    fresh = DraftModelProposer(draft, max_num_seqs=1, max_model_len=64)
+    assert proposer.propose(requests, [3, 3]).token_ids[1] == fresh.propose([requests[1]], [3]).token_ids[0]
 
 
 def test_a_drafter_without_confidence_needs_a_fallback(target):
@@ -209,6 +221,11 @@ def test_drafting_extends_the_requests_whose_next_drafts_pay_for_a_forward():
     adaptive.rate = 2.0  # a forward now costs 0.4 tokens' worth: a lone 0.746 still pays, a pair of 0.236 not
     assert adaptive.keep_drafting([0], [[0.95]]) == [True]
     assert adaptive.keep_drafting([0, 1], [[0.3], [0.3]]) == [False, False]
+    # Before the first draft: survival 1 x position 0's rate (1/2, the prior). At 2.5 tokens/s a forward is worth
+    # 0.5 tokens: a lone row nets 0.5 - 0.1 - 0.5 < 0 and drafts nothing; two share the forward and draft.
+    adaptive.rate = 2.5
+    assert adaptive.keep_drafting([0], [[]]) == [False]
+    assert adaptive.keep_drafting([0, 1], [[], []]) == [True, True]
     # An unsure draft does not make the next one look unsure: after 0.95 (calibrated 0.95) and 0.3 (0.35, its bin's
     # prior) the survival is 0.3325; position 2 accepted 20 of 20 (rate 22/24), so the next survival is 0.305 and
     # extending nets 0.305 - 0.1 - 0.5 x 0.2 > 0. Taking the last draft's 0.35 again (0.116) would stop.
@@ -216,10 +233,12 @@ def test_drafting_extends_the_requests_whose_next_drafts_pay_for_a_forward():
     adaptive.rate = 0.5
     assert adaptive.keep_drafting([0], [[0.95, 0.3]]) == [True]
 def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monkeypatch):
-    clock = iter([10.0, 10.5, 11.0])
+    clock = iter([9.0, 10.0, 10.5, 11.0])
     monkeypatch.setattr("spec.adaptive.time", SimpleNamespace(perf_counter=lambda: next(clock)))
     costs = StepCostModel({2: {2: 1.0, 10: 2.0}}, {1: 0.2, 2: 0.2, 8: 0.3})
     adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
+    # at 9.0, before the first draft: that forward also feeds the tokens verified last step, so it is not timed
+    assert adaptive.keep_drafting([0, 1], [[], []]) == [True, True]
     assert adaptive.keep_drafting([0, 1], [[0.9], [0.9]]) == [True, True]  # at 10.0: both rows extended
     assert adaptive.keep_drafting([0, 1], [[0.9, 0.9], [0.9]]) == [True, True]  # at 10.5: that extension took 0.5 s
     budget = adaptive.allocate([0, 1], [[0.9, 0.9, 0.9], [0.9, 0.9]], num_fixed_tokens=2, draft_seconds=0.75)

@@ -10,7 +10,8 @@ holds. A step for requests with k > 0:
 2. One ragged forward over every row's uncached tokens (one logit per row), then up to k - 1 one-token
    forwards over the rows still drafting. After k drafts the cache holds token_ids + drafts[:k-1].
    A row stops at a stop token of its request. `keep_drafting` (adaptive verification) can end a row early too:
-   given each drafting row's request id and its confidences so far, it says which rows are worth one more draft.
+   given each drafting row's request id and its confidences so far, it says which rows are worth one more draft,
+   the first one included (a row that gets none leaves its uncached tokens for a later step's first forward).
 
 The draft distribution q is `processed_logprobs` under the request's temperature / top-k / top-p.
 `draft_sample_method="greedy"`: the draft is argmax q, a point proposal (draft_probs=None).
@@ -98,24 +99,32 @@ class DraftModelProposer:
             self.runner.free(state.slot)
 
     def _draft(self, requests: list[DraftRequest], ks: list[int]) -> "_Drafts":
-        """ks[i] > 0 drafts for each request: one forward over the uncached tokens, then one token at a time."""
+        """Up to ks[i] > 0 drafts for each request: one forward over the uncached tokens, then one token at a time."""
         uncached = self.sync(requests)
         states = [self._states[r.req_id] for r in requests]
         sampling = SamplingTensors.build([r.temperature for r in requests], [r.top_k for r in requests],
                                          [r.top_p for r in requests], device=self.runner.device)
-        logits = self._feed(states, uncached)  # [num_reqs, vocab]
-        drafts, rows = _Drafts(len(requests)), list(range(len(requests)))
+        drafts = _Drafts(len(requests))
+        rows = self._kept(requests, list(range(len(requests))), drafts)
+        if not rows:
+            return drafts
+        logits = self._feed([states[i] for i in rows], [uncached[i] for i in rows])  # [rows, vocab]
         for step in range(max(ks)):
             drafts.add(rows, *self._sample(logits, [requests[i] for i in rows], sampling.select(rows)))
             # a row that drafted a stop token is done: the engine verifies nothing after it
             rows = [i for i in rows if ks[i] > step + 1 and drafts.token_ids[i][-1] not in requests[i].stop_ids]
-            if rows and self.keep_drafting is not None:
-                keep = self.keep_drafting([requests[i].req_id for i in rows], [drafts.confidence[i] for i in rows])
-                rows = [i for i, kept in zip(rows, keep) if kept]
+            rows = self._kept(requests, rows, drafts)
             if not rows:
                 break
             logits = self._feed([states[i] for i in rows], [drafts.token_ids[i][-1:] for i in rows])  # [rows, vocab]
         return drafts
+
+    def _kept(self, requests: list[DraftRequest], rows: list[int], drafts: "_Drafts") -> list[int]:
+        """The rows that keep_drafting (when set) gives one more draft."""
+        if not rows or self.keep_drafting is None:
+            return rows
+        keep = self.keep_drafting([requests[i].req_id for i in rows], [drafts.confidence[i] for i in rows])
+        return [i for i, kept in zip(rows, keep) if kept]
 
     def _feed(self, states: list[_DraftState], token_ids: list[list[int]]) -> torch.Tensor:
         """Append token_ids to the rows' caches; the logits after each row's last token."""
