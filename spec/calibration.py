@@ -39,7 +39,10 @@ class ConfidenceCalibrator:
         self.num_judged = np.zeros((max_positions, num_bins))
         self.table = np.tile(self.centres, (max_positions, 1))  # [max_positions, num_bins]: a(j, bin)
         self._rows_list = self.table.tolist()  # the same, for the per-draft lookups of `value` (plain Python)
-        self._rates = [0.5] * max_positions  # acceptance rate per position, whatever the confidence (prior 1/2)
+        # Acceptance rate per position, whatever the confidence: the first from a prior of 1/2, each later one from
+        # the rate before it (positions drafted rarely would otherwise sit near 1/2 and never be drafted to learn
+        # better: a good drafter's deep drafts are accepted as often as its early ones, or more)
+        self._rates = [0.5] * max_positions
         self._num_unfitted = np.zeros(max_positions)  # outcomes per position since its last refit
         self.num_observations = 0  # judged drafts observed (a plain int: the engine reads it every step)
         self.version = 0  # counts refits: values computed before a change are stale
@@ -53,7 +56,7 @@ class ConfidenceCalibrator:
 
     def acceptance_rate(self, position: int) -> float:
         """P(draft `position` accepted | the drafts before it accepted), before its confidence is known: the
-        position's observed rate, from the same prior (as of its last refit)."""
+        position's observed rate (as of its last refit), from a prior of the rate before it (1/2 for the first)."""
         return self._rates[min(position, self.max_positions - 1)]
 
     def observe(self, positions: np.ndarray, raw: np.ndarray, accepted: np.ndarray) -> None:
@@ -80,8 +83,12 @@ class ConfidenceCalibrator:
         estimate = (self.num_accepted[row] + self.prior_weight * self.centres) / weight
         self.table[row] = isotonic(estimate, weight)
         self._rows_list[row] = self.table[row].tolist()
-        self._rates[row] = float((self.num_accepted[row].sum() + 0.5 * self.prior_weight)
-                                 / (self.num_judged[row].sum() + self.prior_weight))
+        prior = 0.5  # the first position's prior; each later one's is the rate before it
+        for j in range(self.max_positions):
+            if j >= row:
+                self._rates[j] = float((self.num_accepted[j].sum() + prior * self.prior_weight)
+                                       / (self.num_judged[j].sum() + self.prior_weight))
+            prior = self._rates[j]
 
     def _count_error(self, name: str, predicted: np.ndarray, accepted: np.ndarray) -> None:
         bins = np.minimum((predicted * _NUM_ERROR_BINS).astype(np.int64), _NUM_ERROR_BINS - 1)

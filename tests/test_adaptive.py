@@ -227,8 +227,9 @@ def test_drafting_extends_the_requests_whose_next_drafts_pay_for_a_forward():
     assert adaptive.keep_drafting([0], [[]]) == [False]
     assert adaptive.keep_drafting([0, 1], [[], []]) == [True, True]
     # An unsure draft does not make the next one look unsure: after 0.95 (calibrated 0.95) and 0.3 (0.35, its bin's
-    # prior) the survival is 0.3325; position 2 accepted 20 of 20 (rate 22/24), so the next survival is 0.305 and
-    # extending nets 0.305 - 0.1 - 0.5 x 0.2 > 0. Taking the last draft's 0.35 again (0.116) would stop.
+    # prior) the survival is 0.3325; position 2 accepted 20 of 20 (rate (20 + 4 x 11/14) / 24, its prior the rate
+    # before it), so the next survival is 0.321 and extending nets 0.321 - 0.1 - 0.5 x 0.2 > 0. Taking the last
+    # draft's 0.35 again (0.116) would stop.
     calibrator.observe(np.full(20, 2), np.full(20, 0.95), np.ones(20, dtype=bool))
     adaptive.rate = 0.5
     assert adaptive.keep_drafting([0], [[0.95, 0.3]]) == [True]

@@ -52,3 +52,14 @@ def test_isotonic_pools_violators_by_weight():
     assert isotonic([1.0, 3.0, 2.0, 4.0]) == pytest.approx([1.0, 2.5, 2.5, 4.0])
     assert isotonic([3.0, 1.0], [3.0, 1.0]) == pytest.approx([2.5, 2.5])
     assert isotonic([5.0, 4.0, 3.0]) == pytest.approx([4.0, 4.0, 4.0])
+
+
+def test_a_position_without_outcomes_takes_the_acceptance_rate_before_it():
+    calibrator = ConfidenceCalibrator(max_positions=4, num_bins=10)
+    assert calibrator.acceptance_rate(2) == 0.5  # nothing observed: 1/2
+    calibrator.observe(np.zeros(20, dtype=int), np.full(20, 0.9), np.arange(20) < 18)
+    first = (18 + 4 * 0.5) / (20 + 4)
+    assert [calibrator.acceptance_rate(j) for j in range(5)] == pytest.approx([first] * 5)  # 4: pooled with 3
+    calibrator.observe(np.ones(10, dtype=int), np.full(10, 0.9), np.zeros(10, dtype=bool))
+    second = 4 * first / (10 + 4)  # none of 10 accepted, from a prior of the first position's rate
+    assert [calibrator.acceptance_rate(j) for j in range(4)] == pytest.approx([first, second, second, second])
