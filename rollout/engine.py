@@ -64,7 +64,7 @@ class Engine:
             self.adaptive.observe(req_ids, proposal.confidence, result.num_accepted)
         finished = self._commit(requests, proposal, result)
         if self.adaptive is not None:
-            self.adaptive.observe_times(len(requests), num_uncached + sum(proposal.num_draft_tokens),
+            self.adaptive.observe_times(len(requests), num_uncached, sum(proposal.num_draft_tokens),
                                         time.perf_counter() - clock)
         return finished
 
