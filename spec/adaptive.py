@@ -8,11 +8,10 @@ lossless: for point proposals (q one-hot at the draft) every emitted token follo
 whatever drafts are offered, so choosing the offer from the drafts' confidences costs nothing in exactness.
 
 Drafting further. Extending the m requests with the best expected next survival costs one draft forward of m rows,
-D(m), and then m more tokens to verify: V(m), what verifying m more tokens adds to this step's verification as it
-stands. With the last allocation's rate (tokens per second), extending them costs rate x (D(m) + V(m)) tokens'
-worth against the sum of their next survivals; the drafter extends the m that maximise the difference, or none
-when no m makes it positive. (Pricing the verification at the last allocation's marginal cost instead, taken where
-that step's deep drafts had left it, made a batch of 256 alternate between drafting deep and not at all.) The next survival is estimated as the current survival times the position's acceptance rate:
+D(m), and then m more tokens to verify. With the last allocation's rate (tokens per second) and threshold (the
+survival that pays for one verified token), extending them is worth rate x D(m) seconds' worth of tokens against sum
+over those m of (next survival - threshold); the drafter extends the m that maximise the difference, or none when no
+m makes it positive. The next survival is estimated as the current survival times the position's acceptance rate:
 the next draft's confidence is not known before the forward, and the last one's is a poor guess (drafts are accepted
 after an unsure draft far more often than that draft's confidence). A forward of a few rows costs about as much as
 one of many, so a lone confident request keeps drafting only while its own expected tokens pay for a whole forward.
@@ -86,8 +85,8 @@ class AdaptiveVerifier:
         self.costs = costs  # set before the first step (the generator profiles it once runners exist)
         self.refine = refine  # refine the costs from measured step times (off for a table the user supplied)
         self.rate = 0.0  # expected tokens per second of the last allocation; 0 (draft up to k_max) before one
-        self._by_batch_size: dict[int, float] = {}  # log2 batch size -> the rate of the last allocation there
-        self._num_reqs = 0  # this step's
+        self.threshold = 0.0  # survival that pays for one more verified token, at the last allocation
+        self._by_batch_size: dict[int, tuple[float, float]] = {}  # log2 batch size -> (rate, threshold) there
         self._batch_size_bucket = 0
         self._extension: tuple[int, float] | None = None  # rows the last keep_drafting call extended, and when
         self._extension_times: list[tuple[int, float]] = []  # this step's extensions: (rows, seconds)
@@ -97,11 +96,11 @@ class AdaptiveVerifier:
         self._drafts_version = calibrator.version  # the calibration they were calibrated with
 
     def begin_step(self, num_reqs: int) -> None:
-        """A step of num_reqs requests starts: drafting decisions use the rate of the last allocation at a batch
-        size like this one (a draining batch's lone last request runs at a fraction of a full batch's rate, and a
-        fresh full batch must not inherit it), or the last allocation's when there was none."""
-        self._num_reqs, self._batch_size_bucket = num_reqs, num_reqs.bit_length()
-        self.rate = self._by_batch_size.get(self._batch_size_bucket, self.rate)
+        """A step of num_reqs requests starts: drafting decisions use the rate and threshold of the last allocation
+        at a batch size like this one (a draining batch's lone last request runs at a fraction of a full batch's
+        rate, and a fresh full batch must not inherit it), or the last allocation's when there was none."""
+        self._batch_size_bucket = num_reqs.bit_length()
+        self.rate, self.threshold = self._by_batch_size.get(self._batch_size_bucket, (self.rate, self.threshold))
         self._drafts = {}
 
     def keep_drafting(self, req_ids: list[int], confidences: list[list[float]]) -> list[bool]:
@@ -125,18 +124,12 @@ class AdaptiveVerifier:
         next_survival = [(d.survival[-1] if d.survival else 1.0) * rate(len(d.survival)) * d.factor
                          for d in self._calibrated(req_ids, confidences)]
         order = sorted(range(len(confidences)), key=next_survival.__getitem__, reverse=True)
-        # Extending the top m gains the sum of their next survivals and costs a forward of m rows, D(m), and m more
-        # tokens to verify, priced where this step's verification stands (its rows' one token each and the drafts
-        # so far). Only rows above one token's price can be worth it (each further row adds a loss and the forward
-        # only gets dearer).
-        num_reqs = self._num_reqs or len(confidences)
-        verified = num_reqs + sum(len(d.raw) for d in self._drafts.values())
-        verify = self.costs.verify_cost(num_reqs, verified + np.arange(len(confidences) + 1)).tolist()
-        threshold = self.rate * (verify[1] - verify[0])
-        candidates = [row for row in order if next_survival[row] > threshold]
+        # Extending the top m gains sum(next survival - threshold) and costs a forward of m rows; only rows above
+        # the threshold can be worth it (each further row adds a loss and the forward only gets dearer).
+        candidates = [row for row in order if next_survival[row] > self.threshold]
         forward = self.costs.draft_forward_costs(len(candidates))  # D(m)
-        nets = [gain - self.rate * (cost + verify[m] - verify[0]) for m, (gain, cost) in
-                enumerate(zip(itertools.accumulate(next_survival[row] for row in candidates), forward), start=1)]
+        nets = [gain - self.rate * cost for gain, cost in
+                zip(itertools.accumulate(next_survival[row] - self.threshold for row in candidates), forward)]
         best = max(range(len(nets)), key=nets.__getitem__, default=-1)
         keep = [False] * len(confidences)
         if best >= 0 and nets[best] > 0:
@@ -153,7 +146,8 @@ class AdaptiveVerifier:
         survival = [d.survival for d in self._calibrated(req_ids, confidences)]
         budget = choose_budget(survival, num_fixed_tokens, draft_seconds,
                                lambda num_tokens: self.costs.verify_cost(num_reqs, num_tokens))
-        self.rate = self._by_batch_size[self._batch_size_bucket] = budget.rate
+        self.rate, self.threshold = budget.rate, budget.threshold
+        self._by_batch_size[self._batch_size_bucket] = (budget.rate, budget.threshold)
         return budget
 
     def observe(self, req_ids: list[int], confidences: list[list[float]], num_accepted: list[int]) -> None:

@@ -12,6 +12,9 @@ draft_cost + verify_cost(T + b) seconds. The allocation picks
 and admits those b* slots. Ranking ties go to the earlier position, so with S non-increasing in k the admitted
 slots form a contiguous prefix of each request's drafts: request r verifies lengths[r] drafts. Whichever b wins,
 the top b slots are the best b slots of any prefix-closed allocation, so this is the optimum over all of them.
+
+`threshold` is the survival a further draft would need to pay for itself at the optimum: rate* x the marginal
+verify cost of one more token. A drafter can stop extending a request whose survival has fallen below it.
 """
 
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ class Budget:
     lengths: list[int]  # drafts admitted per request
     expected_tokens: float  # N + sum of the admitted survivals
     seconds: float  # predicted step cost
+    threshold: float  # survival a further draft needs to be worth verifying
 
     @property
     def num_drafts(self) -> int:
@@ -43,7 +47,7 @@ def choose_budget(survival: list, num_fixed_tokens: int, draft_cost: float,
     num_reqs = len(survival)
     slots = sorted((-float(value), position, owner) for owner, values in enumerate(survival)
                    for position, value in enumerate(values))  # best survival first; ties: earlier position first
-    costs = (draft_cost + verify_cost(num_fixed_tokens + np.arange(len(slots) + 1))).tolist()  # b = 0 .. M
+    costs = (draft_cost + verify_cost(num_fixed_tokens + np.arange(len(slots) + 2))).tolist()  # b = 0 .. M + 1
     gain = best_gain = float(num_reqs)
     best, best_rate = 0, gain / costs[0]
     for b, (negative_value, _, _) in enumerate(slots, start=1):
@@ -53,4 +57,5 @@ def choose_budget(survival: list, num_fixed_tokens: int, draft_cost: float,
     admitted = [0] * num_reqs
     for _, _, owner in slots[:best]:
         admitted[owner] += 1
-    return Budget(admitted, best_gain, costs[best])
+    marginal = max(costs[best + 1] - costs[best], 0.0)
+    return Budget(admitted, best_gain, costs[best], best_rate * marginal)

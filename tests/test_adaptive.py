@@ -206,46 +206,33 @@ def test_survival_is_the_running_product_of_calibrated_confidences_computed_once
 
 
 def test_drafting_extends_the_requests_whose_next_drafts_pay_for_a_forward():
-    # a draft forward: 0.2 s whatever its rows; each verified token 0.1 s
-    costs = StepCostModel({1: {1: 1.0, 10: 1.9}}, {1: 0.2, 8: 0.2})
+    costs = StepCostModel({1: {1: 1.0, 10: 1.0}}, {1: 0.2, 8: 0.2})  # a draft forward: 0.2 s whatever its rows
     calibrator = ConfidenceCalibrator(max_positions=4, num_bins=10)
     adaptive = AdaptiveVerifier(calibrator, costs)
     assert adaptive.keep_drafting([0, 1], [[0.95], [0.05]]) == [True, True]  # before any allocation: up to k_max
     calibrator.observe(np.ones(10, dtype=np.int64), np.full(10, 0.95), np.array([True] * 9 + [False]))
     assert calibrator.acceptance_rate(1) == pytest.approx((9 + 2) / (10 + 4))  # observed, with the 1/2 prior
-    adaptive.rate = 1.0  # 1 token/s: a forward costs 0.2 tokens' worth, a verified token 0.1
+    adaptive.rate, adaptive.threshold = 1.0, 0.1  # 1 token/s; a verified token pays above survival 0.1
     # Next survival = survival x the next position's acceptance rate (11/14): 0.95 -> 0.746, 0.05 -> 0.039.
-    # Extending the first alone nets 0.746 - 0.1 - 0.2 = 0.45 tokens; the second does not pay for its token.
+    # Extending the first alone nets 0.746 - 0.1 - 1.0 x 0.2 = 0.45 tokens; the second is below the threshold.
     assert adaptive.keep_drafting([0, 1], [[0.95], [0.05]]) == [True, False]
-    # 0.3 x 11/14 = 0.236 each: one alone nets 0.236 - 0.1 - 0.2 < 0, both share the forward and net 0.07
+    # 0.3 x 11/14 = 0.236 each: one alone nets 0.136 - 0.2 < 0, both share the forward and net 0.07
     assert adaptive.keep_drafting([0, 1], [[0.3], [0.3]]) == [True, True]
     adaptive.rate = 2.0  # a forward now costs 0.4 tokens' worth: a lone 0.746 still pays, a pair of 0.236 not
     assert adaptive.keep_drafting([0], [[0.95]]) == [True]
     assert adaptive.keep_drafting([0, 1], [[0.3], [0.3]]) == [False, False]
-    # Before the first draft: survival 1 x position 0's rate (1/2, the prior). A lone row nets 0.5 - 0.2 - 0.4 < 0
-    # and drafts nothing; two share the forward and net 1.0 - 0.4 - 0.4 > 0.
+    # Before the first draft: survival 1 x position 0's rate (1/2, the prior). At 2.5 tokens/s a forward is worth
+    # 0.5 tokens: a lone row nets 0.5 - 0.1 - 0.5 < 0 and drafts nothing; two share the forward and draft.
+    adaptive.rate = 2.5
     assert adaptive.keep_drafting([0], [[]]) == [False]
     assert adaptive.keep_drafting([0, 1], [[], []]) == [True, True]
     # An unsure draft does not make the next one look unsure: after 0.95 (calibrated 0.95) and 0.3 (0.35, its bin's
     # prior) the survival is 0.3325; position 2 accepted 20 of 20 (rate (20 + 4 x 11/14) / 24, its prior the rate
-    # before it), so the next survival is 0.321 and extending nets 0.321 - 0.05 - 0.1 > 0 at 0.5 tokens/s. Taking
-    # the last draft's 0.35 again (0.116) would stop.
+    # before it), so the next survival is 0.321 and extending nets 0.321 - 0.1 - 0.5 x 0.2 > 0. Taking the last
+    # draft's 0.35 again (0.116) would stop.
     calibrator.observe(np.full(20, 2), np.full(20, 0.95), np.ones(20, dtype=bool))
     adaptive.rate = 0.5
     assert adaptive.keep_drafting([0], [[0.95, 0.3]]) == [True]
-
-
-def test_extensions_are_priced_where_the_steps_verification_stands():
-    # Verifying the 8 rows' own tokens and 8 drafts costs 1 s; every token after that 1 s more.
-    costs = StepCostModel({8: {8: 1.0, 16: 1.0, 24: 9.0}}, {1: 0.01, 8: 0.01})
-    adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
-    adaptive.rate = 1.0
-    adaptive.begin_step(8)
-    ids = list(range(8))
-    assert adaptive.keep_drafting(ids, [[]] * 8) == [True] * 8  # the first drafts verify for free
-    assert adaptive.keep_drafting(ids, [[0.95]] * 8) == [False] * 8  # a second draft each costs a whole token
-
-
 def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monkeypatch):
     clock = iter([9.0, 10.0, 10.5, 11.0])
     monkeypatch.setattr("spec.adaptive.time", SimpleNamespace(perf_counter=lambda: next(clock)))
@@ -286,10 +273,10 @@ def test_drafting_decisions_use_the_rate_last_seen_at_a_similar_batch_size():
     adaptive.begin_step(1)
     small = adaptive.allocate([0], [[0.9, 0.9]], num_fixed_tokens=1, draft_seconds=0.2)
     assert small.rate < big.rate / 4  # a lone request: far fewer tokens for a step of similar cost
-    adaptive.begin_step(40)  # a batch of 32-63 again: back to the rate seen at 32
-    assert adaptive.rate == big.rate
+    adaptive.begin_step(40)  # a batch of 32-63 again: back to the rate and threshold seen at 32
+    assert (adaptive.rate, adaptive.threshold) == (big.rate, big.threshold)
     adaptive.begin_step(200)  # no allocation at this size yet: the last allocation's
-    assert adaptive.rate == big.rate
+    assert (adaptive.rate, adaptive.threshold) == (big.rate, big.threshold)
 
 
 def test_a_request_whose_confident_drafts_keep_failing_stops_being_offered_drafts():

@@ -48,15 +48,16 @@ def test_admitted_slots_are_a_prefix_of_the_best_survivals(seed):
 def test_free_verification_admits_every_draft_and_steep_verification_none():
     survival = [np.array([0.9, 0.5, 0.1]), np.array([0.2])]
     free = choose_budget(survival, 2, 0.0, lambda tokens: np.ones(len(np.atleast_1d(tokens))))
-    assert free.lengths == [3, 1]
+    assert free.lengths == [3, 1] and free.threshold == 0.0
     steep = choose_budget(survival, 2, 0.0, lambda tokens: np.asarray(tokens, dtype=float))
     assert steep.lengths == [0, 0]  # a token costs a full row's time; no draft is accepted surely enough
+    assert steep.threshold == pytest.approx(1.0)  # rate 1 token/s x 1 s per extra token
 
 
-def test_the_allocation_admits_the_drafts_whose_survival_pays_for_a_token():
+def test_threshold_separates_what_a_further_draft_needs():
     """With linear costs the marginal condition is exact: a draft is worth its slot iff S > rate x slope."""
     survival = [np.array([0.95, 0.9, 0.6, 0.3]), np.array([0.8, 0.4])]
     budget = choose_budget(survival, 2, 0.0, lambda tokens: 2.0 + 0.25 * np.asarray(tokens, dtype=float))
     admitted = [v for s, n in zip(survival, budget.lengths) for v in s[:n]]
     left_out = [v for s, n in zip(survival, budget.lengths) for v in s[n:]]
-    assert min(admitted) >= budget.rate * 0.25 > max(left_out)
+    assert min(admitted) >= budget.threshold > max(left_out)
