@@ -1,7 +1,7 @@
 """Speculation benchmark: tokens/s of no speculation, static K, the per-batch-size schedule, adaptive
 verification, and schedule + adaptive verification, side by side, on two workloads.
 
-    python examples/bench_speculation.py [--batch-sizes 1,2,4,...,256] [--repeats 8] [--output-dir DIR]
+    python examples/bench_speculation.py [--batch-sizes 1,2,4,...,256] [--repeats 16] [--output-dir DIR]
 
 Workloads: `default` (the default task's arithmetic prompts, which the draft predicts well) and `mixed` (half of
 them, half strings of digits and signs that are not questions, on which the draft's acceptance is ~4x lower), so
@@ -180,7 +180,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
     parser.add_argument("--workloads", default="default,mixed")
-    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--output-dir", default="examples/results")
     parser.add_argument("--threads", type=int, default=None,
