@@ -1,8 +1,8 @@
 """Adaptive verification: the per-step policy that joins calibration, the cost model and the allocation.
 
 Per step the engine (1) lets the drafter propose up to k_max drafts per request, with `keep_drafting` deciding,
-before each draft-model forward (the first included), which requests it extends (below); (2) calls `allocate`, which ranks
-every draft by calibrated survival and returns how many each request verifies (spec/budget.py); (3) after
+before each draft-model forward (the first included), which requests it extends (below); (2) calls `allocate`,
+which ranks every draft by calibrated survival and returns how many each request verifies (spec/budget.py); (3) after
 verification, `observe` feeds the judged drafts back into the calibrator. Verification itself is unchanged and
 lossless: for point proposals (q one-hot at the draft) every emitted token follows the target's distribution
 whatever drafts are offered, so choosing the offer from the drafts' confidences costs nothing in exactness.

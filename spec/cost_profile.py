@@ -39,8 +39,9 @@ def cache_key(target_model, draft_model, dtype: torch.dtype, device: torch.devic
     """What a measured table depends on: architectures and sizes (not weights), dtype, hardware, grid."""
     device = torch.device(device)
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    return {"format": _FORMAT, "target": _architecture(target_model), "draft": None if draft_model is None else _architecture(draft_model),
-            "dtype": str(dtype), "device": f"{device.type}:{hardware}", "threads": torch.get_num_threads(),
+    return {"format": _FORMAT, "target": _architecture(target_model),
+            "draft": None if draft_model is None else _architecture(draft_model), "dtype": str(dtype),
+            "device": f"{device.type}:{hardware}", "threads": torch.get_num_threads(),
             "max_num_seqs": max_num_seqs, "max_tokens_per_row": max_tokens_per_row}
 
 
