@@ -143,8 +143,7 @@ class AdaptiveVerifier:
         k_max) and the seconds this step's drafting took."""
         self._extension = None  # drafting is over: the time from the last extension on is not a forward's
         num_reqs = len(confidences)
-        survival = [d.survival for d in self._calibrated(req_ids, confidences)]
-        budget = choose_budget(survival, num_fixed_tokens, draft_seconds,
+        budget = choose_budget(self.survival(req_ids, confidences), num_fixed_tokens, draft_seconds,
                                lambda num_tokens: self.costs.verify_cost(num_reqs, num_tokens))
         self.rate, self.threshold = budget.rate, budget.threshold
         self._by_batch_size[self._batch_size_bucket] = (budget.rate, budget.threshold)

@@ -83,12 +83,10 @@ class ConfidenceCalibrator:
         estimate = (self.num_accepted[row] + self.prior_weight * self.centres) / weight
         self.table[row] = isotonic(estimate, weight)
         self._rows_list[row] = self.table[row].tolist()
-        prior = 0.5  # the first position's prior; each later one's is the rate before it
-        for j in range(self.max_positions):
-            if j >= row:
-                self._rates[j] = float((self.num_accepted[j].sum() + prior * self.prior_weight)
-                                       / (self.num_judged[j].sum() + self.prior_weight))
-            prior = self._rates[j]
+        for j in range(row, self.max_positions):  # this rate, and the later ones whose prior it is
+            prior = self._rates[j - 1] if j else 0.5
+            self._rates[j] = float((self.num_accepted[j].sum() + prior * self.prior_weight)
+                                   / (self.num_judged[j].sum() + self.prior_weight))
 
     def _count_error(self, name: str, predicted: np.ndarray, accepted: np.ndarray) -> None:
         bins = np.minimum((predicted * _NUM_ERROR_BINS).astype(np.int64), _NUM_ERROR_BINS - 1)
