@@ -46,14 +46,14 @@ class Engine:
         # Rows in slot order: a full batch then reads its keys as one slice of the cache instead of a gather.
         requests = sorted(plan.requests, key=lambda r: r.slot)
         num_drafts = [min(plan.k_max, r.room_for_drafts(self.max_model_len)) for r in requests]
+        num_uncached = 0 if self.adaptive is None else sum(r.num_tokens - self.runner.seq_len(r.slot) for r in requests)
+        req_ids = None if self.adaptive is None else [r.req_id for r in requests]
         if self.adaptive is not None:
-            self.adaptive.begin_step(len(requests))
+            self.adaptive.begin_step(len(requests), num_uncached)
         clock = time.perf_counter()
         proposal = self._propose(requests, num_drafts)
         drafted, draft_seconds = proposal.num_draft_tokens, time.perf_counter() - clock
         self.num_proposed_drafts += sum(drafted)
-        num_uncached = 0 if self.adaptive is None else sum(r.num_tokens - self.runner.seq_len(r.slot) for r in requests)
-        req_ids = None if self.adaptive is None else [r.req_id for r in requests]
         if self.adaptive is not None:  # with no drafts too: the step's rate prices the next step's drafting
             proposal = self._allocate(req_ids, proposal, num_uncached, draft_seconds)
         clock = time.perf_counter()

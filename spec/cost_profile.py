@@ -24,7 +24,8 @@ from spec.monotone import isotonic
 from spec.step_cost import StepCostModel
 
 _CONTEXT = 32  # cached tokens per row while timing: a prompt plus part of a completion
-_FORMAT = 2  # in the cache key: tables refined by format 1 (pointwise) learned kinks, so they are measured again
+_FORMAT = 3  # in the cache key: tables refined by format 1 (pointwise) learned kinks, and format 2 profiles timed each
+# point's repeats back to back, so they are measured again
 _REPEATS = 5
 
 
@@ -89,8 +90,9 @@ def _time_verification(runner, grid: list[int], widths: list[int], context: int)
     slots = [runner.allocate() for _ in range(max(grid))]
     try:
         runner.forward(slots, [[3] * context] * len(slots), [0] * len(slots))
-        return {n: {n * w: _fastest_time(lambda: _verify(runner, slots[:n], w, context)) for w in widths}
-                for n in grid}
+        times = _fastest_times({(n, w): lambda n=n, w=w: _verify(runner, slots[:n], w, context)
+                                for n in grid for w in widths})
+        return {n: {n * w: times[n, w] for w in widths} for n in grid}
     finally:
         for slot in slots:
             runner.free(slot)
@@ -111,22 +113,26 @@ def _time_drafting(drafter, grid: list[int], context: int) -> dict[int, float]:
     requests = [DraftRequest(-1 - i, -1 - i, [3] * context + [4], context) for i in range(max(grid))]
     try:
         drafter.propose(requests, [1] * len(requests))  # prefill and warm-up
-        return {n: _fastest_time(lambda: drafter.propose(requests[:n], [1] * n)) for n in grid}
+        return _fastest_times({n: lambda n=n: drafter.propose(requests[:n], [1] * n) for n in grid})
     finally:
         for request in requests:
             drafter.finish(request)
 
 
-def _fastest_time(run) -> float:
-    """The fastest of _REPEATS timed runs after a warm-up: interference from other processes only adds time, so
-    the minimum is the least noisy estimate of the work's own cost."""
-    run()
-    times = []
-    for _ in range(_REPEATS):
-        start = time.perf_counter()
+def _fastest_times(runs: dict) -> dict:
+    """Per key, the fastest of _REPEATS timed runs after a warm-up: interference from other processes only adds
+    time, so the minimum is the least noisy estimate of the work's own cost. The runs take turns, one round over all
+    keys at a time: a slow spell of the machine (on a shared 2-core VM, one lasting seconds once measured 128 rows at
+    1.45x their cost) then slows one round of every point instead of every repeat of a few."""
+    for run in runs.values():
         run()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(_REPEATS):
+        for key, run in runs.items():
+            start = time.perf_counter()
+            run()
+            best[key] = min(best[key], time.perf_counter() - start)
+    return best
 
 
 def _monotone(verify: dict, draft: dict | None) -> StepCostModel:

@@ -3,7 +3,7 @@
 verify_cost(num_reqs, num_tokens): the target forward over `num_tokens` flattened tokens from `num_reqs` rows
     (plus what the step does per verified token: rejection sampling, commit). Table: per num_reqs grid point,
     seconds at a few token counts; linear interpolation in num_tokens (extrapolated along the last segment),
-    then in num_reqs.
+    then in num_reqs at the same tokens per row.
 draft_cost(num_reqs): one draft-model forward over `num_reqs` rows (one token each). Model-free drafters
     (n-gram, suffix) have no draft table: their cost is 0 here and their Python time shows up in the verify
     cells through online refinement.
@@ -26,8 +26,9 @@ import numpy as np
 FIELD = "step_costs"
 _MEMORY = 0.99  # per observation, the weight of a curve's earlier observations: it follows the last ~100
 _PRIOR_WEIGHT = 1.0  # each measured table point counts as one observation of its cost
-_MAX_RATIO = 2.0  # one observation counts at most as if it took 2x (or 0x) the prediction: a step stalled by
-# another process or a garbage collection must not undo what many steps measured
+_MAX_RATIO = 1.5  # one observation counts at most as if it took 1.5x (or 0.5x) the prediction: a step stalled by
+# another process or a garbage collection must not undo what many steps measured (at 2x, such spells on a shared
+# 2-core machine pulled the 128-row curve's level up by 8 ms, 40% of a step without drafts, in 4 rollouts)
 _MIN_SECONDS = 1e-6
 
 
@@ -130,11 +131,12 @@ class StepCostModel:
 
     def verify_cost(self, num_reqs: int, num_tokens) -> np.ndarray:
         """Seconds for each entry of num_tokens (scalar or array) at num_reqs rows."""
-        (low, high), weight = self._bracket(num_reqs)
         num_tokens = np.asarray(num_tokens, dtype=np.float64)
-        if weight == 0.0:
-            return self.verify[low](num_tokens)
-        return (1 - weight) * self.verify[low](num_tokens) + weight * self.verify[high](num_tokens)
+        return sum(share * self.verify[n](num_tokens * factor) for n, share, factor in self._bracket(num_reqs))
+
+    def verify_at(self, num_reqs: int, num_tokens: int) -> float:
+        """verify_cost for one token count, in plain Python (the engine's loop asks every step)."""
+        return sum(share * self.verify[n].at(num_tokens * factor) for n, share, factor in self._bracket(num_reqs))
 
     def draft_cost(self, rows_per_forward) -> float:
         """Seconds for draft forwards with the given numbers of rows (one entry per forward)."""
@@ -145,12 +147,9 @@ class StepCostModel:
         return [0.0] * max_rows if self.draft is None else self.draft.at_sizes(max_rows)
 
     def observe_verify(self, num_reqs: int, num_tokens: int, seconds: float) -> None:
-        (low, high), weight = self._bracket(num_reqs)
-        predicted = (1 - weight) * self.verify[low].at(num_tokens) + weight * self.verify[high].at(num_tokens)
-        delta = _bounded(seconds, predicted)
-        for n, share in ((low, 1 - weight), (high, weight)):
-            if share > 0:  # each curve is told its own cost plus the step's error
-                self.verify[n].learn(num_tokens, self.verify[n].at(num_tokens) + delta, share)
+        delta = _bounded(seconds, self.verify_at(num_reqs, num_tokens))
+        for n, share, factor in self._bracket(num_reqs):  # each curve is told its own cost plus the step's error
+            self.verify[n].learn(num_tokens * factor, self.verify[n].at(num_tokens * factor) + delta, share)
 
     def observe_draft(self, num_rows: list[int], seconds: list[float]) -> None:
         """Measured draft forwards: the rows and seconds of each."""
@@ -159,14 +158,18 @@ class StepCostModel:
                 predicted = self.draft.at(n)
                 self.draft.learn(n, predicted + _bounded(s, predicted))
 
-    def _bracket(self, num_reqs: int) -> tuple[tuple[int, int], float]:
-        """The two grid num_reqs around num_reqs and the interpolation weight of the upper one."""
+    def _bracket(self, num_reqs: int) -> list[tuple[int, float, float]]:
+        """The grid num_reqs around num_reqs: (num_reqs there, interpolation weight, token factor). Between two
+        grid points, each curve is read at the same tokens per row (n tokens at 126 rows are read as 128 at 128
+        rows, not as 126, below anything measured there); beyond the grid, the nearest curve at the same tokens."""
         i = bisect.bisect_left(self._reqs, num_reqs)
         if i == 0 or i == len(self._reqs):
-            n = self._reqs[min(i, len(self._reqs) - 1)]
-            return (n, n), 0.0
+            return [(self._reqs[min(i, len(self._reqs) - 1)], 1.0, 1.0)]
         low, high = self._reqs[i - 1], self._reqs[i]
-        return (low, high), (num_reqs - low) / (high - low)
+        if num_reqs == high:
+            return [(high, 1.0, 1.0)]
+        weight = (num_reqs - low) / (high - low)
+        return [(low, 1 - weight, low / num_reqs), (high, weight, high / num_reqs)]
 
 
 def _bounded(observed: float, predicted: float) -> float:

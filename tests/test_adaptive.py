@@ -146,6 +146,7 @@ def test_a_row_refused_its_first_draft_drafts_nothing_and_catches_up_later(draft
                                   keep_drafting=lambda ids, conf: [i not in refuse for i in ids])
     requests = [DraftRequest(0, 0, [5, 6, 7], 3), DraftRequest(1, 1, [9, 4], 1)]
     assert proposer.propose(requests, [3, 3]).num_draft_tokens == [3, 0]
+    assert proposer.runner.num_free_slots == 1  # the refused row was not synced: no cache slot, nothing fed
     requests[1].token_ids += [8, 3]  # decoded without drafts meanwhile
     refuse.clear()
     fresh = DraftModelProposer(draft, max_num_seqs=1, max_model_len=64)
@@ -192,7 +193,7 @@ def test_a_cost_table_can_be_a_json_file(target, tmp_path):
 def test_survival_is_the_running_product_of_calibrated_confidences_computed_once_per_step():
     calibrator = ConfidenceCalibrator(max_positions=4, num_bins=10)
     adaptive = AdaptiveVerifier(calibrator, StepCostModel.from_dict(FLAT))
-    adaptive.begin_step(3)
+    adaptive.begin_step(3, 3)
     survival = adaptive.survival([0, 1, 2], [[0.95, 0.55], [], [0.05]])
     assert survival[0] == pytest.approx([0.95, 0.95 * 0.55])
     assert len(survival[1]) == 0 and survival[2] == pytest.approx([0.05])
@@ -246,14 +247,14 @@ def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monk
     # the step is charged the drafting time it took, not a modelled one
     assert budget.seconds == pytest.approx(0.75 + float(costs.verify_cost(2, 2 + budget.num_drafts)))
     adaptive.observe_times(2, 2, budget.num_drafts, budget.seconds - 0.75)
-    # One extension of 2 rows in 0.5 s, against 0.2 predicted (bounded to twice that: 0.4); the drafting after the
+    # One extension of 2 rows in 0.5 s, against 0.2 predicted (bounded to 1.5x that: 0.3); the drafting after the
     # second call (ended by allocate) is not an extension. With the table's 3 points as one observation each, the
-    # least-squares cost = level + scale x table through (0.2, 0.2), (0.2, 0.2), (0.3, 0.3), (0.2, 0.4) is
-    # 0.2 + table / 3: 0.2 + 0.2 / 3 at 2 rows.
-    assert costs.draft_cost([2]) == pytest.approx(0.2 + 0.2 / 3)
+    # least-squares cost = level + scale x table through (0.2, 0.2), (0.2, 0.2), (0.3, 0.3), (0.2, 0.3) is
+    # 0.1 + 2/3 x table: 0.1 + 0.4 / 3 at 2 rows.
+    assert costs.draft_cost([2]) == pytest.approx(0.1 + 0.4 / 3)
     adaptive.keep_drafting([0], [[0.9]])  # at 11.0: a new step, nothing extended yet
     adaptive.observe_times(1, 1, 0, 1.0)
-    assert costs.draft_cost([2]) == pytest.approx(0.2 + 0.2 / 3)
+    assert costs.draft_cost([2]) == pytest.approx(0.1 + 0.4 / 3)
 
 
 def test_steps_that_prefill_prompts_do_not_refine_the_verify_costs():
@@ -268,15 +269,33 @@ def test_steps_that_prefill_prompts_do_not_refine_the_verify_costs():
 def test_drafting_decisions_use_the_rate_last_seen_at_a_similar_batch_size():
     costs = StepCostModel({n: {n: 1.0, 9 * n: 1.0 + 0.1 * n} for n in (1, 2, 4, 8, 16, 32)}, {1: 0.1, 32: 0.2})
     adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
-    adaptive.begin_step(32)
+    adaptive.begin_step(32, 32)
     big = adaptive.allocate(list(range(32)), [[0.9, 0.9]] * 32, num_fixed_tokens=32, draft_seconds=0.5)
-    adaptive.begin_step(1)
+    adaptive.begin_step(1, 1)
     small = adaptive.allocate([0], [[0.9, 0.9]], num_fixed_tokens=1, draft_seconds=0.2)
     assert small.rate < big.rate / 4  # a lone request: far fewer tokens for a step of similar cost
-    adaptive.begin_step(40)  # a batch of 32-63 again: back to the rate and threshold seen at 32
+    adaptive.begin_step(40, 40)  # a batch of 32-63 again: back to the rate and threshold seen at 32
     assert (adaptive.rate, adaptive.threshold) == (big.rate, big.threshold)
-    adaptive.begin_step(200)  # no allocation at this size yet: the last allocation's
+    adaptive.begin_step(200, 2000)  # no allocation at this size yet (a first step, prefilling): the nearest size's
     assert (adaptive.rate, adaptive.threshold) == (big.rate, big.threshold)
+
+
+def test_drafting_never_prices_time_below_the_rate_of_a_step_without_drafts():
+    costs = StepCostModel({n: {n: 1.0, 9 * n: 1.0 + 0.1 * n} for n in (1, 2, 4, 8, 16, 32)}, {1: 0.1, 32: 0.2})
+    adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
+    adaptive.begin_step(32, 32)
+    # unsure drafts after a long drafting time: this allocation's rate is below the 32 tokens/s of plain decoding
+    low = adaptive.allocate(list(range(32)), [[0.3]] * 32, num_fixed_tokens=32, draft_seconds=2.0)
+    assert low.rate < 32.0
+    adaptive.begin_step(32, 32)
+    assert adaptive.rate == pytest.approx(32.0)  # 32 rows in the 1 s a step without drafts costs
+    assert adaptive.threshold == pytest.approx(low.threshold * 32.0 / low.rate)  # the same marginal cost, priced
+    assert adaptive.keep_drafting(list(range(32)), [[]] * 32) == [False] * 32  # at that rate no draft pays
+    # A step that prefills prompts records no rate: its prompts make it a one-off, not the rollout's pace.
+    adaptive.begin_step(32, 32 * 20)
+    adaptive.allocate(list(range(32)), [[0.9]] * 32, num_fixed_tokens=32 * 20, draft_seconds=0.5)
+    adaptive.begin_step(32, 32)
+    assert adaptive.rate == pytest.approx(32.0)
 
 
 def test_a_request_whose_confident_drafts_keep_failing_stops_being_offered_drafts():

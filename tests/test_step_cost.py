@@ -18,7 +18,10 @@ def test_interpolates_in_tokens_then_in_requests():
     costs = StepCostModel.from_dict(TABLE)
     assert costs.verify_cost(1, [1, 2, 3, 5]) == pytest.approx([1.0, 1.5, 2.0, 3.0])  # past the end: last slope
     assert costs.verify_cost(4, 8) == pytest.approx(4.0)
-    assert costs.verify_cost(2, 4) == pytest.approx(2 / 3 * 2.5 + 1 / 3 * 2.0)  # 2 rows: a third of the way to 4
+    # 2 rows, a third of the way to 4: each curve is read at the same tokens per row (2 tokens per row: 2 at 1 row,
+    # 8 at 4), so a step without drafts is read where each curve measured one (not below the 4-row curve's range)
+    assert costs.verify_cost(2, 4) == pytest.approx(2 / 3 * 1.5 + 1 / 3 * 4.0)
+    assert costs.verify_cost(2, 2) == pytest.approx(2 / 3 * 1.0 + 1 / 3 * 2.0)
     assert costs.verify_cost(9, 12) == pytest.approx(6.0)  # beyond the grid: the largest row
     assert costs.draft_cost([4, 2, 1]) == pytest.approx(1.0 + 2 / 3 + 0.5)
     assert StepCostModel.from_dict({"verify": TABLE["verify"]}).draft_cost([4]) == 0.0  # model-free drafter
@@ -79,3 +82,11 @@ def test_profile_measures_monotone_positive_costs_and_caches_them(step_cost_cach
     assert cost_profile.load_or_profile(key, None, None, 64).to_dict() == costs.to_dict()  # no runner: from disk
     other = dict(key, dtype="torch.float16")
     assert cost_profile.cache_path(other) != path
+
+
+def test_profile_timings_take_turns_so_a_slow_spell_slows_one_round_of_every_point(monkeypatch):
+    calls, clock = [], iter(range(1000))
+    monkeypatch.setattr(cost_profile, "time", __import__("types").SimpleNamespace(perf_counter=lambda: next(clock)))
+    runs = {key: (lambda key=key: calls.append(key)) for key in "ab"}
+    assert cost_profile._fastest_times(runs) == {"a": 1, "b": 1}  # every timed run takes one tick here
+    assert calls == ["a", "b"] + ["a", "b"] * cost_profile._REPEATS  # warm-ups, then rounds over every point

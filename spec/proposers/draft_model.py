@@ -11,7 +11,8 @@ holds. A step for requests with k > 0:
    forwards over the rows still drafting. After k drafts the cache holds token_ids + drafts[:k-1].
    A row stops at a stop token of its request. `keep_drafting` (adaptive verification) can end a row early too:
    given each drafting row's request id and its confidences so far, it says which rows are worth one more draft,
-   the first one included (a row that gets none leaves its uncached tokens for a later step's first forward).
+   the first one included (a row that gets none is neither synced nor fed: its uncached tokens wait for a later
+   step's first forward).
 
 The draft distribution q is `processed_logprobs` under the request's temperature / top-k / top-p.
 `draft_sample_method="greedy"`: the draft is argmax q, a point proposal (draft_probs=None).
@@ -100,15 +101,15 @@ class DraftModelProposer:
 
     def _draft(self, requests: list[DraftRequest], ks: list[int]) -> "_Drafts":
         """Up to ks[i] > 0 drafts for each request: one forward over the uncached tokens, then one token at a time."""
-        uncached = self.sync(requests)
-        states = [self._states[r.req_id] for r in requests]
-        sampling = SamplingTensors.build([r.temperature for r in requests], [r.top_k for r in requests],
-                                         [r.top_p for r in requests], device=self.runner.device)
         drafts = _Drafts(len(requests))
         rows = self._kept(requests, list(range(len(requests))), drafts)
-        if not rows:
+        if not rows:  # a row that drafts nothing is synced when it drafts again
             return drafts
-        logits = self._feed([states[i] for i in rows], [uncached[i] for i in rows])  # [rows, vocab]
+        uncached = self.sync([requests[i] for i in rows])
+        states = {i: self._states[requests[i].req_id] for i in rows}
+        sampling = SamplingTensors.build([r.temperature for r in requests], [r.top_k for r in requests],
+                                         [r.top_p for r in requests], device=self.runner.device)
+        logits = self._feed([states[i] for i in rows], uncached)  # [rows, vocab]
         for step in range(max(ks)):
             drafts.add(rows, *self._sample(logits, [requests[i] for i in rows], sampling.select(rows)))
             # a row that drafted a stop token is done: the engine verifies nothing after it
