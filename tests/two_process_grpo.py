@@ -4,6 +4,7 @@ RolloutGenerator as rollout function; each process writes what it was asked and 
 between the processes."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -30,8 +31,10 @@ def main(output_dir: str) -> None:
     record = {"rank": rank, "world_size": trainer.accelerator.num_processes, "calls": calls,
               "num_syncs": callback.weight_sync.num_syncs, "logged": logged}
     Path(output_dir, f"rank{rank}.json").write_text(json.dumps(record))
-    trainer.accelerator.end_training()  # as examples/grpo_arithmetic.py: gloo left to the exit can abort a rank
 
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as examples/grpo_arithmetic.py: gloo's teardown can hang or abort a finished rank
