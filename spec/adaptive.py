@@ -91,7 +91,9 @@ class AdaptiveVerifier:
         self._extension: tuple[int, float] | None = None  # rows the last keep_drafting call extended, and when
         self._extension_times: list[tuple[int, float]] = []  # this step's extensions: (rows, seconds)
         self._judged: tuple[list[int], list[float], list[bool]] = ([], [], [])  # not yet handed to the calibrator
-        self._requests: dict[int, list[float]] = {}  # running request -> [drafts accepted, calibrated predictions]
+        self._requests: dict[int, list[float]] = {}  # running request -> [drafts accepted, calibrated predictions,
+        # the step they were last updated at]; steps without drafts fade them when they are next read or updated
+        self._step = 0  # steps observed
         self._drafts: dict[int, _Drafts] = {}  # this step's drafts per request, calibrated as they come
         self._drafts_version = calibrator.version  # the calibration they were calibrated with
 
@@ -129,8 +131,12 @@ class AdaptiveVerifier:
             return [True] * len(confidences)
         # Plain Python: this runs before every draft forward, mostly on a few rows.
         rate = self.calibrator.acceptance_rate
-        next_survival = [(d.survival[-1] if d.survival else 1.0) * rate(len(d.survival)) * d.factor
-                         for d in self._calibrated(req_ids, confidences)]
+        if any(confidences):
+            next_survival = [(d.survival[-1] if d.survival else 1.0) * rate(len(d.survival)) * d.factor
+                             for d in self._calibrated(req_ids, confidences)]
+        else:  # the first draft of every row: at 256 rows, 0.45 ms a step through the general path
+            first = rate(0)
+            next_survival = [first * self._factor(req_id) for req_id in req_ids]
         order = sorted(range(len(confidences)), key=next_survival.__getitem__, reverse=True)
         # Extending the top m gains sum(next survival - threshold) and costs a forward of m rows; only rows above
         # the threshold can be worth it (each further row adds a loss and the forward only gets dearer).
@@ -161,11 +167,17 @@ class AdaptiveVerifier:
     def observe(self, req_ids: list[int], confidences: list[list[float]], num_accepted: list[int]) -> None:
         """Verified drafts and how many of each request's were accepted; drafts after a rejection are unjudged."""
         positions, raw, accepted = self._judged
-        for req_id, conf, drafts, n in zip(req_ids, confidences, self._calibrated(req_ids, confidences), num_accepted):
+        self._step += 1
+        rows = [row for row, conf in enumerate(confidences) if conf]  # a record without drafts only fades (lazily)
+        ids = [req_ids[row] for row in rows]
+        for req_id, row, drafts in zip(ids, rows, self._calibrated(ids, [confidences[row] for row in rows])):
+            conf, n = confidences[row], num_accepted[row]
             judged = min(n + 1, len(conf))
-            record = self._requests.setdefault(req_id, [0.0, 0.0])
-            record[0] = _REQUEST_MEMORY * record[0] + n
-            record[1] = _REQUEST_MEMORY * record[1] + sum(drafts.values[:judged])
+            record = self._requests.setdefault(req_id, [0.0, 0.0, self._step])
+            fade = _REQUEST_MEMORY ** (self._step - record[2])
+            record[0] = fade * record[0] + n
+            record[1] = fade * record[1] + sum(drafts.values[:judged])
+            record[2] = self._step
             positions.extend(range(judged))
             raw.extend(conf[:judged])
             accepted.extend([True] * n + [False] * (judged - n))  # judged - n: 0 or 1
@@ -207,7 +219,10 @@ class AdaptiveVerifier:
         calibrator maps a drafter's confidence to acceptance for all requests alike, and a drafter can be as sure
         of its drafts for a prompt it predicts badly as for one it predicts well."""
         record = self._requests.get(req_id)
-        ratio = 1.0 if record is None else (record[0] + _REQUEST_PRIOR) / (record[1] + _REQUEST_PRIOR)
+        if record is None:
+            return 1.0
+        fade = _REQUEST_MEMORY ** (self._step - record[2])  # steps observed since the record was last updated
+        ratio = (fade * record[0] + _REQUEST_PRIOR) / (fade * record[1] + _REQUEST_PRIOR)
         return min(1.0, ratio / _REQUEST_TOLERANCE)
 
     def _calibrate(self) -> None:

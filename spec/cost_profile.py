@@ -24,8 +24,8 @@ from spec.monotone import isotonic
 from spec.step_cost import StepCostModel
 
 _CONTEXT = 32  # cached tokens per row while timing: a prompt plus part of a completion
-_FORMAT = 3  # in the cache key: tables refined by format 1 (pointwise) learned kinks, and format 2 profiles timed each
-# point's repeats back to back, so they are measured again
+_FORMAT = 4  # in the cache key: tables refined by format 1 (pointwise) learned kinks, formats 2-3 a drifting level, and
+# format 2 profiles timed each point's repeats back to back, so they are measured again
 _REPEATS = 5
 
 

@@ -11,9 +11,9 @@ draft_cost(num_reqs): one draft-model forward over `num_reqs` rows (one token ea
 Every cost is > 0 and non-decreasing in num_tokens (verify) and in num_reqs (draft): a table that breaks this is a
 ValueError; measured tables are projected onto it (spec/cost_profile.py). `observe_*` refine the curves that
 produced a prediction from the step times the engine measures: each curve keeps its measured shape and learns a
-level and a scale from them (_Curve), so the model learns what the profile misses (per-step bookkeeping, a noisy or
-stale profile) in level and in slope where the engine actually runs, and stays as smooth as the profile: the slopes
-decide the budget.
+scale from them (_Curve), so the model follows the machine's speed where the engine actually runs (a profile taken in
+a slow or a fast spell, the engine's own per-step work) and stays as smooth as the profile: the slopes decide the
+budget.
 """
 
 import bisect
@@ -27,32 +27,35 @@ FIELD = "step_costs"
 _MEMORY = 0.99  # per observation, the weight of a curve's earlier observations: it follows the last ~100
 _PRIOR_WEIGHT = 1.0  # each measured table point counts as one observation of its cost
 _MAX_RATIO = 1.5  # one observation counts at most as if it took 1.5x (or 0.5x) the prediction: a step stalled by
-# another process or a garbage collection must not undo what many steps measured (at 2x, such spells on a shared
-# 2-core machine pulled the 128-row curve's level up by 8 ms, 40% of a step without drafts, in 4 rollouts)
-_MIN_SECONDS = 1e-6
+# another process or a garbage collection must not undo what many steps measured (slow spells of a shared 2-core
+# machine slow single steps by up to 1.6x)
 
 
 class _Curve:
     """One cost curve: a measured shape p (seconds at increasing sizes, piecewise-linear between them, extended along
-    its last segment and flat below the first), scaled and shifted by what the engine observes:
-    cost(x) = level + scale x p(x). The engine reads and refines curves every step, mostly one size at a time: that
-    is plain Python (`at`, `learn`); arrays of sizes go through numpy.
+    its last segment and flat below the first), scaled by what the engine observes: cost(x) = scale x p(x). The
+    engine reads and refines curves every step, mostly one size at a time: that is plain Python (`at`, `learn`);
+    arrays of sizes go through numpy.
 
-    Refinement is a least-squares fit of (level, scale) to the observed step times, older ones fading by _MEMORY per
-    observation, with the measured table itself as a prior (each of its points counts as _PRIOR_WEIGHT
-    observations of its own cost). Two parameters learn what the profile misses (per-step bookkeeping in the level,
-    a slope error in the scale) without letting noisy single steps bend the curve. The allocation reads its slope:
-    when each observation moved the points around its size, the curves learned kinks (at 16 rows, 0.03 ms per token
-    up to 48 tokens and 0.16 beyond, where a forward costs a smooth 0.07), and verification was sized by them."""
+    Refinement is a least-squares fit of the scale to the observed step times, older ones fading by _MEMORY per
+    observation, with the measured table itself as a prior (each of its points counts as _PRIOR_WEIGHT observations
+    of its own cost). One parameter, not a level as well: the engine observes a curve over a narrow band of sizes
+    (at 128 rows, 300-600 tokens), where a level and a scale trade off against each other, and a machine's slow
+    spells only ever add time; a fitted level drifted up by half the cost of a step without drafts (at 128 rows,
+    31 ms against 21 measured), which made drafts look cheap next to it, and as refined tables are cached for the
+    next run to start from, the drift compounded (a cached 128-row curve read 39 ms at 128 tokens and 0.053 ms per
+    token, against 21 ms and 0.08 measured). A common scale changes no allocation (the rate falls as every cost
+    rises); a wrong level does. Where the profile measured the engine's costs 1.2x too
+    low at 128 rows, it was 1.2x too low both at 128 tokens and at 500. The shape must be right, hence the profile's
+    interleaved repeats (spec/cost_profile.py); pointwise learning had bent it (at 16 rows, 0.03 ms per token up to
+    48 tokens and 0.16 beyond, where a forward costs a smooth 0.07), and the allocation follows the slope."""
 
     def __init__(self, points: dict[int, float]):
         self.xs = [float(x) for x in points]
         self.ys = [float(y) for y in points.values()]  # the shape p
-        self.level, self.scale = 0.0, 1.0
-        # Normal equations of the fit in (level, scale): prior rows [1, p_j] -> p_j, then faded observations.
-        prior = [_PRIOR_WEIGHT * v for v in (len(self.ys), sum(self.ys), sum(y * y for y in self.ys))]
-        self._prior = prior + prior[1:]  # [n, sum p, sum p^2, sum y, sum p y] with y = p
-        self._observed = [0.0] * 5
+        self.scale = 1.0
+        self._prior = _PRIOR_WEIGHT * sum(y * y for y in self.ys)  # sum p^2 = sum p y over the prior's points
+        self._observed = [0.0, 0.0]  # faded sums of p y and p^2 over observations
         self._arrays = np.array(self.xs), np.array(self.ys)  # for arrays of sizes
         self._shapes: list[float] = []  # the shape at sizes 1, 2, .. (at_sizes)
 
@@ -66,21 +69,21 @@ class _Curve:
         return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
 
     def at(self, x: float) -> float:
-        return self.level + self.scale * self.shape(x)
+        return self.scale * self.shape(x)
 
     def at_sizes(self, count: int) -> list[float]:
         """The costs at sizes 1, 2, .., count (the shape at each is computed once)."""
         shapes = self._shapes
         shapes.extend(self.shape(x) for x in range(len(shapes) + 1, count + 1))
-        level, scale = self.level, self.scale
-        return [level + scale * p for p in shapes[:count]]
+        scale = self.scale
+        return [scale * p for p in shapes[:count]]
 
     def __call__(self, x):
         xs, ys = self._arrays
         shape = np.interp(x, xs, ys)
         if len(xs) > 1:
             shape = np.where(x > xs[-1], ys[-1] + self._slope() * (x - xs[-1]), shape)
-        return self.level + self.scale * shape
+        return self.scale * shape
 
     def _slope(self) -> float:
         return (self.ys[-1] - self.ys[-2]) / (self.xs[-1] - self.xs[-2])
@@ -89,17 +92,12 @@ class _Curve:
         """One observed cost at size x (weight: its share, for a step between two curves), then the refit."""
         p = self.shape(x)
         stats = self._observed
-        for j, value in enumerate((1.0, p, p * p, seconds, p * seconds)):
-            stats[j] = _MEMORY * stats[j] + weight * value
-        n, sp, spp, sy, spy = (a + b for a, b in zip(self._prior, stats))
-        determinant = n * spp - sp * sp
-        scale = (n * spy - sp * sy) / determinant if determinant > 0 else 1.0
-        self.scale = max(scale, 0.0)  # never decreasing in size
-        self.level = (sy - self.scale * sp) / n  # the best level for that scale
-        self.level = max(self.level, _MIN_SECONDS - self.scale * self.ys[0])  # every cost > 0
+        stats[0] = _MEMORY * stats[0] + weight * p * seconds
+        stats[1] = _MEMORY * stats[1] + weight * p * p
+        self.scale = (self._prior + stats[0]) / (self._prior + stats[1])  # > 0, as the prior's sums are
 
     def to_dict(self) -> dict[int, float]:
-        return {int(x): self.level + self.scale * y for x, y in zip(self.xs, self.ys)}
+        return {int(x): self.scale * y for x, y in zip(self.xs, self.ys)}
 
 
 @dataclass

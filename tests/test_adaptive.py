@@ -249,12 +249,12 @@ def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monk
     adaptive.observe_times(2, 2, budget.num_drafts, budget.seconds - 0.75)
     # One extension of 2 rows in 0.5 s, against 0.2 predicted (bounded to 1.5x that: 0.3); the drafting after the
     # second call (ended by allocate) is not an extension. With the table's 3 points as one observation each, the
-    # least-squares cost = level + scale x table through (0.2, 0.2), (0.2, 0.2), (0.3, 0.3), (0.2, 0.3) is
-    # 0.1 + 2/3 x table: 0.1 + 0.4 / 3 at 2 rows.
-    assert costs.draft_cost([2]) == pytest.approx(0.1 + 0.4 / 3)
+    # least-squares cost = scale x table through (0.2, 0.2), (0.2, 0.2), (0.3, 0.3), (0.2, 0.3) has scale
+    # 0.23 / 0.21 (sum of table x cost over sum of table^2).
+    assert costs.draft_cost([2]) == pytest.approx(0.2 * 23 / 21)
     adaptive.keep_drafting([0], [[0.9]])  # at 11.0: a new step, nothing extended yet
     adaptive.observe_times(1, 1, 0, 1.0)
-    assert costs.draft_cost([2]) == pytest.approx(0.1 + 0.4 / 3)
+    assert costs.draft_cost([2]) == pytest.approx(0.2 * 23 / 21)
 
 
 def test_steps_that_prefill_prompts_do_not_refine_the_verify_costs():
