@@ -9,15 +9,16 @@ whatever drafts are offered, so choosing the offer from the drafts' confidences 
 
 Drafting further. Extending the m requests with the best expected next survival costs one draft forward of m rows,
 D(m), and then m more tokens to verify. With the last allocation's rate (tokens per second) and threshold (the
-survival that pays for one verified token), extending them is worth rate x D(m) seconds' worth of tokens against sum
-over those m of (next survival - threshold); the drafter extends the m that maximise the difference, or none when no
-m makes it positive. The next survival is estimated as the current survival times the position's acceptance rate:
-the next draft's confidence is not known before the forward, and the last one's is a poor guess (drafts are accepted
-after an unsure draft far more often than that draft's confidence). A forward of a few rows costs about as much as
-one of many, so a lone confident request keeps drafting only while its own expected tokens pay for a whole forward.
-The first draft is decided the same way (survival 1, the first position's rate): where verification is dear and
-drafts are unsure (a large batch on a CPU, a request the drafter predicts badly) a step drafts nothing and costs
-what decoding without speculation does, instead of a draft forward over every row for drafts it then trims.
+survival that pays for one verified token), raised to this step's rate without drafts where that is higher (see
+begin_step), extending them is worth rate x D(m) seconds' worth of tokens against sum over those m of (next survival
+minus threshold); the drafter extends the m that maximise the difference, or none when no m makes it positive. The
+next survival is estimated as the current survival times the position's acceptance rate: the next draft's confidence
+is not known before the forward, and the last one's is a poor guess (drafts are accepted after an unsure draft far
+more often than that draft's confidence). A forward of a few rows costs about as much as one of many, so a lone
+confident request keeps drafting only while its own expected tokens pay for a whole forward. The first draft is
+decided the same way (survival 1, the first position's rate): where verification is dear and drafts are unsure (a
+large batch on a CPU, a request the drafter predicts badly) a step drafts nothing and costs what decoding without
+speculation does, instead of a draft forward over every row for drafts it then trims.
 
 Per request. The calibrator maps confidence to acceptance for all requests alike, but a drafter can be as sure of its
 drafts for a prompt it predicts badly as for one it predicts well (on the benchmark's mixed workload, drafts with
