@@ -41,14 +41,14 @@ class _Curve:
     observation, with the measured table itself as a prior (each of its points counts as _PRIOR_WEIGHT observations
     of its own cost). One parameter, not a level as well: the engine observes a curve over a narrow band of sizes
     (at 128 rows, 300-600 tokens), where a level and a scale trade off against each other, and a machine's slow
-    spells only ever add time; a fitted level drifted up by half the cost of a step without drafts (at 128 rows,
-    31 ms against 21 measured), which made drafts look cheap next to it, and as refined tables are cached for the
-    next run to start from, the drift compounded (a cached 128-row curve read 39 ms at 128 tokens and 0.053 ms per
-    token, against 21 ms and 0.08 measured). A common scale changes no allocation (the rate falls as every cost
-    rises); a wrong level does. Where the profile measured the engine's costs 1.2x too
-    low at 128 rows, it was 1.2x too low both at 128 tokens and at 500. The shape must be right, hence the profile's
-    interleaved repeats (spec/cost_profile.py); pointwise learning had bent it (at 16 rows, 0.03 ms per token up to
-    48 tokens and 0.16 beyond, where a forward costs a smooth 0.07), and the allocation follows the slope."""
+    spells only ever add time; a fitted level drifted up by half the cost of a step without drafts (at 128 rows, 31
+    ms against 21 measured), which made drafts look cheap next to it, and as refined tables are cached for the next
+    run to start from, the drift compounded (a cached 128-row curve read 39 ms at 128 tokens and 0.053 ms per token,
+    against 21 ms and 0.08 measured). A common scale changes no allocation (the rate falls as every cost rises); a
+    wrong level does. Where the profile measured the engine's costs 1.2x too low at 128 rows, it was 1.2x too low
+    both at 128 tokens and at 500. The shape must be right, hence the profile's interleaved repeats
+    (spec/cost_profile.py); pointwise learning had bent it (at 16 rows, 0.03 ms per token up to 48 tokens and 0.16
+    beyond, where a forward costs a smooth 0.07), and the allocation follows the slope."""
 
     def __init__(self, points: dict[int, float]):
         self.xs = [float(x) for x in points]
