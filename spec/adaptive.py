@@ -174,11 +174,8 @@ class AdaptiveVerifier:
         for req_id, row, drafts in zip(ids, rows, self._calibrated(ids, [confidences[row] for row in rows])):
             conf, n = confidences[row], num_accepted[row]
             judged = min(n + 1, len(conf))
-            record = self._requests.setdefault(req_id, [0.0, 0.0, self._step])
-            fade = _REQUEST_MEMORY ** (self._step - record[2])
-            record[0] = fade * record[0] + n
-            record[1] = fade * record[1] + sum(drafts.values[:judged])
-            record[2] = self._step
+            accepted_before, predicted_before = self._faded(req_id)
+            self._requests[req_id] = [accepted_before + n, predicted_before + sum(drafts.values[:judged]), self._step]
             positions.extend(range(judged))
             raw.extend(conf[:judged])
             accepted.extend([True] * n + [False] * (judged - n))  # judged - n: 0 or 1
@@ -219,12 +216,20 @@ class AdaptiveVerifier:
         """The request's drafts' accepted count over their calibrated predictions (from the prior): the
         calibrator maps a drafter's confidence to acceptance for all requests alike, and a drafter can be as sure
         of its drafts for a prompt it predicts badly as for one it predicts well."""
+        if req_id not in self._requests:
+            return 1.0
+        accepted, predicted = self._faded(req_id)
+        ratio = (accepted + _REQUEST_PRIOR) / (predicted + _REQUEST_PRIOR)
+        return min(1.0, ratio / _REQUEST_TOLERANCE)
+
+    def _faded(self, req_id: int) -> tuple[float, float]:
+        """The request's drafts accepted and calibrated predictions, faded by _REQUEST_MEMORY for every step observed
+        since its record was last updated ((0, 0) without one)."""
         record = self._requests.get(req_id)
         if record is None:
-            return 1.0
-        fade = _REQUEST_MEMORY ** (self._step - record[2])  # steps observed since the record was last updated
-        ratio = (fade * record[0] + _REQUEST_PRIOR) / (fade * record[1] + _REQUEST_PRIOR)
-        return min(1.0, ratio / _REQUEST_TOLERANCE)
+            return 0.0, 0.0
+        fade = _REQUEST_MEMORY ** (self._step - record[2])
+        return fade * record[0], fade * record[1]
 
     def _calibrate(self) -> None:
         positions, raw, accepted = self._judged
