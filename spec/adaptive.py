@@ -108,7 +108,7 @@ class AdaptiveVerifier:
         bucket = self._batch_size_bucket = num_reqs.bit_length()
         near = min(self._by_batch_size, key=lambda b: (abs(b - bucket), -b), default=None)
         rate, threshold = (self.rate, self.threshold) if near is None else self._by_batch_size[near]
-        plain = num_reqs / self.costs.verify_at(num_reqs, num_uncached)
+        plain = num_reqs / self.costs.verify_cost(num_reqs, num_uncached)
         if rate and plain > rate:
             rate, threshold = plain, threshold * plain / rate
         self.rate, self.threshold = rate, threshold
@@ -159,7 +159,7 @@ class AdaptiveVerifier:
         self._extension = None  # drafting is over: the time from the last extension on is not a forward's
         num_reqs = len(confidences)
         budget = choose_budget(self.survival(req_ids, confidences), num_fixed_tokens, draft_seconds,
-                               lambda num_tokens: self.costs.verify_cost(num_reqs, num_tokens))
+                               lambda first, count: self.costs.verify_costs(num_reqs, first, count))
         if num_fixed_tokens <= num_reqs:  # a step that prefills prompts runs at a one-off rate: not the rollout's
             self.rate, self.threshold = budget.rate, budget.threshold
             self._by_batch_size[self._batch_size_bucket] = (budget.rate, budget.threshold)

@@ -20,8 +20,6 @@ verify cost of one more token. A drafter can stop extending a request whose surv
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
 
 @dataclass
 class Budget:
@@ -41,13 +39,14 @@ class Budget:
 
 
 def choose_budget(survival: list, num_fixed_tokens: int, draft_cost: float,
-                  verify_cost: Callable[[np.ndarray], np.ndarray]) -> Budget:
-    """survival[r]: non-increasing S(r, 1..) (a sequence of floats); verify_cost maps token counts [m] to seconds
-    [m]. Plain Python but for the cost curve: it runs every step, mostly on a few dozen drafts."""
+                  verify_costs: Callable[[int, int], list[float]]) -> Budget:
+    """survival[r]: non-increasing S(r, 1..) (a sequence of floats); verify_costs(first, count) gives the seconds to
+    verify first, first + 1, .. tokens (count of them). Plain Python: it runs every step, mostly on a few dozen
+    drafts."""
     num_reqs = len(survival)
     slots = sorted((-float(value), position, owner) for owner, values in enumerate(survival)
                    for position, value in enumerate(values))  # best survival first; ties: earlier position first
-    costs = (draft_cost + verify_cost(num_fixed_tokens + np.arange(len(slots) + 2))).tolist()  # b = 0 .. M + 1
+    costs = [draft_cost + cost for cost in verify_costs(num_fixed_tokens, len(slots) + 2)]  # b = 0 .. M + 1
     gain = best_gain = float(num_reqs)
     best, best_rate = 0, gain / costs[0]
     for b, (negative_value, _, _) in enumerate(slots, start=1):

@@ -20,8 +20,8 @@ def predicted_speedup(acceptance: list[float], costs: StepCostModel, batch_size:
     if k > len(acceptance):
         raise ValueError(f"k={k}: acceptance was measured for {len(acceptance)} positions only")
     expected_tokens = 1.0 + sum(acceptance[:k])
-    step = costs.draft_cost([batch_size] * k) + float(costs.verify_cost(batch_size, batch_size * (k + 1)))
-    return expected_tokens * float(costs.verify_cost(batch_size, batch_size)) / step
+    step = costs.draft_cost([batch_size] * k) + costs.verify_cost(batch_size, batch_size * (k + 1))
+    return expected_tokens * costs.verify_cost(batch_size, batch_size) / step
 
 
 def best_k(acceptance: list[float], costs: StepCostModel, batch_size: int, min_gain: float) -> tuple[int, float]:

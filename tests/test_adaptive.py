@@ -245,7 +245,7 @@ def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monk
     assert adaptive.keep_drafting([0, 1], [[0.9, 0.9], [0.9]]) == [True, True]  # at 10.5: that extension took 0.5 s
     budget = adaptive.allocate([0, 1], [[0.9, 0.9, 0.9], [0.9, 0.9]], num_fixed_tokens=2, draft_seconds=0.75)
     # the step is charged the drafting time it took, not a modelled one
-    assert budget.seconds == pytest.approx(0.75 + float(costs.verify_cost(2, 2 + budget.num_drafts)))
+    assert budget.seconds == pytest.approx(0.75 + costs.verify_cost(2, 2 + budget.num_drafts))
     adaptive.observe_times(2, 2, budget.num_drafts, budget.seconds - 0.75)
     # One extension of 2 rows in 0.5 s, against 0.2 predicted (bounded to 1.5x that: 0.3); the drafting after the
     # second call (ended by allocate) is not an extension. With the table's 3 points as one observation each, the
@@ -263,7 +263,7 @@ def test_steps_that_prefill_prompts_do_not_refine_the_verify_costs():
     adaptive.observe_times(2, 20, 0, 10.0)  # two rows prefill 20 prompt tokens
     assert costs.to_dict()["verify"] == {2: {2: 1.0, 10: 2.0}}
     adaptive.observe_times(2, 2, 4, 3.0)  # a decode step: one uncached token per row, then 4 drafts
-    assert float(costs.verify_cost(2, 6)) > 1.5
+    assert costs.verify_cost(2, 6) > 1.5
 
 
 def test_drafting_decisions_use_the_rate_last_seen_at_a_similar_batch_size():

@@ -16,7 +16,8 @@ TABLE = {"verify": {1: {1: 1.0, 3: 2.0}, 4: {4: 2.0, 12: 6.0}}, "draft": {1: 0.5
 
 def test_interpolates_in_tokens_then_in_requests():
     costs = StepCostModel.from_dict(TABLE)
-    assert costs.verify_cost(1, [1, 2, 3, 5]) == pytest.approx([1.0, 1.5, 2.0, 3.0])  # past the end: last slope
+    assert [costs.verify_cost(1, t) for t in (1, 2, 3, 5)] == pytest.approx([1.0, 1.5, 2.0, 3.0])  # past the end:
+    # the last slope
     assert costs.verify_cost(4, 8) == pytest.approx(4.0)
     # 2 rows, a third of the way to 4: each curve is read at the same tokens per row (2 tokens per row: 2 at 1 row,
     # 8 at 4), so a step without drafts is read where each curve measured one (not below the 4-row curve's range)
@@ -25,6 +26,24 @@ def test_interpolates_in_tokens_then_in_requests():
     assert costs.verify_cost(9, 12) == pytest.approx(6.0)  # beyond the grid: the largest row
     assert costs.draft_cost([4, 2, 1]) == pytest.approx(1.0 + 2 / 3 + 0.5)
     assert StepCostModel.from_dict({"verify": TABLE["verify"]}).draft_cost([4]) == 0.0  # model-free drafter
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_runs_of_token_counts_read_the_curves_as_single_reads_do(seed):
+    """verify_costs sums each segment as an arithmetic progression; it must agree with verify_cost everywhere: below
+    a curve's first point (flat), across its points, past its last (extended), between grid rows (read at the same
+    tokens per row, a non-integer step) and beyond the grid."""
+    rng = np.random.default_rng(seed)
+    table = {}
+    for num_reqs in sorted(rng.choice(np.arange(1, 40), size=int(rng.integers(1, 4)), replace=False).tolist()):
+        tokens = sorted(rng.choice(np.arange(num_reqs, 10 * num_reqs + 1), size=int(rng.integers(1, 5)),
+                                   replace=False).tolist())
+        table[num_reqs] = dict(zip(tokens, np.cumsum(rng.uniform(0.01, 1.0, size=len(tokens))).tolist()))
+    costs = StepCostModel.from_dict({"verify": table})
+    for num_reqs in range(1, 45):
+        first, count = int(rng.integers(1, 3 * num_reqs + 2)), int(rng.integers(1, 12 * num_reqs))
+        expected = [costs.verify_cost(num_reqs, t) for t in range(first, first + count)]
+        assert costs.verify_costs(num_reqs, first, count) == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
 def test_json_round_trip_with_string_keys():
@@ -52,7 +71,7 @@ def test_online_refinement_learns_the_observed_costs_where_the_engine_runs():
         costs.observe_verify(4, 4, 3.0)  # 1.5x the table at 4 tokens
         costs.observe_verify(4, 12, 9.0)  # and at 12
     # Within 2%: the table's 2 points count as 2 observations against the ~100 the curve remembers.
-    assert costs.verify_cost(4, [4, 8, 12]) == pytest.approx([3.0, 6.0, 9.0], rel=0.02)  # the whole curve, scaled
+    assert costs.verify_costs(4, 4, 9)[::4] == pytest.approx([3.0, 6.0, 9.0], rel=0.02)  # the whole curve, scaled
     assert costs.verify_cost(1, 1) == pytest.approx(1.0)  # a curve nothing was observed on stays as measured
     for _ in range(300):
         costs.observe_draft([4], [0.5])  # half the table
