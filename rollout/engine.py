@@ -121,8 +121,12 @@ class Engine:
                              "dtype (e.g. float16 overflow on CPU: pass dtype=torch.float32)")
         sampling = SamplingTensors.build([r.params.temperature for r in requests], [r.params.top_k for r in requests],
                                          [r.params.top_p for r in requests], device=logits.device)
-        return rejection_sample(logits, proposal.token_ids, sampling, [r.generator for r in requests],
-                                proposal.draft_probs)
+        uniforms = []  # each verified position's pair, read where the request's output stands (spec/uniforms.py)
+        for request, drafts in zip(requests, proposal.token_ids):
+            num_positions = len(drafts) + 1
+            uniforms += ([[0.0, 0.0]] * num_positions if request.params.temperature == 0
+                         else request.uniforms.take(len(request.output_ids), num_positions))
+        return rejection_sample(logits, proposal.token_ids, sampling, torch.tensor(uniforms), proposal.draft_probs)
 
     def _commit(self, requests: list[Request], proposal: Proposal, result: VerifyResult) -> list[Request]:
         finished = []

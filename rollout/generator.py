@@ -15,7 +15,8 @@ from rollout.outputs import RolloutBatch, Sample
 from rollout.prompts import to_token_ids
 from rollout.request import Request
 from rollout.sampling_params import SamplingParams, mix_seed
-from spec import AdaptiveVerifier, ConfidenceCalibrator, RequestAcceptance, SpecConfig, StepCostModel, build_proposer
+from spec import (AdaptiveVerifier, ConfidenceCalibrator, PositionUniforms, RequestAcceptance, SpecConfig, StepCostModel,
+                  build_proposer)
 from spec import cost_profile
 from spec.model_runner import build_runner
 
@@ -147,8 +148,10 @@ class RolloutGenerator:
         for i, ids in enumerate(prompt_ids):
             group_id = next(self._ids)
             for j in range(num_generations):
-                generator = torch.Generator(device=self.device).manual_seed(mix_seed(base, i, j))
-                requests.append(Request(next(self._ids), group_id, i, j, list(ids), params, generator,
+                seed = mix_seed(base, i, j)
+                generator = torch.Generator(device=self.device).manual_seed(seed)
+                uniforms = PositionUniforms(torch.Generator(device=self.device).manual_seed(mix_seed(seed, 1)))
+                requests.append(Request(next(self._ids), group_id, i, j, list(ids), params, generator, uniforms,
                                         RequestAcceptance.sized(num_spec_tokens), stop_ids))
         return requests
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rollout.sampling_params import SamplingParams
-from spec import DraftRequest, RequestAcceptance
+from spec import DraftRequest, PositionUniforms, RequestAcceptance
 
 
 class RequestStatus(enum.Enum):
@@ -23,7 +23,8 @@ class Request:
     sample_index: int  # 0 .. num_generations - 1 within its prompt
     prompt_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator
+    generator: torch.Generator  # the drafter's draws (probabilistic drafts)
+    uniforms: PositionUniforms  # verification's, one pair per output position
     acceptance: RequestAcceptance
     stop_ids: frozenset[int]  # EOS and the params' stop_token_ids
     output_ids: list[int] = field(default_factory=list)

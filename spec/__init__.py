@@ -10,8 +10,10 @@ from spec.rejection import VerifyResult, rejection_sample
 from spec.sampling import SamplingTensors, processed_logprobs
 from spec.schedule import BatchSizeSchedule
 from spec.step_cost import StepCostModel
+from spec.uniforms import PositionUniforms
 
 __all__ = [
-    "AcceptanceStats", "AdaptiveVerifier", "BatchSizeSchedule", "ConfidenceCalibrator", "DraftRequest", "Proposal", "Proposer", "RequestAcceptance",
-    "SamplingTensors", "SpecConfig", "StepCostModel", "VerifyResult", "build_proposer", "processed_logprobs", "rejection_sample",
+    "AcceptanceStats", "AdaptiveVerifier", "BatchSizeSchedule", "ConfidenceCalibrator", "DraftRequest", "PositionUniforms",
+    "Proposal", "Proposer", "RequestAcceptance", "SamplingTensors", "SpecConfig", "StepCostModel", "VerifyResult",
+    "build_proposer", "processed_logprobs", "rejection_sample",
 ]

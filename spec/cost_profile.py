@@ -101,8 +101,7 @@ def _time_verification(runner, grid: list[int], widths: list[int], context: int)
 def _verify(runner, slots: list[int], width: int, context: int) -> None:
     logits = runner.forward(slots, [[3] * width] * len(slots), [width] * len(slots))
     sampling = SamplingTensors.build([1.0] * len(slots), device=logits.device)
-    generators = [torch.Generator(device=logits.device).manual_seed(i) for i in range(len(slots))]
-    rejection_sample(logits, [[3] * (width - 1)] * len(slots), sampling, generators)
+    rejection_sample(logits, [[3] * (width - 1)] * len(slots), sampling, torch.rand(len(slots) * width, 2))
     for slot in slots:
         runner.crop(slot, context)
 

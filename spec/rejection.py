@@ -8,11 +8,17 @@ x_1..x_k (k = k_r, 0 allowed), target distributions p_1..p_{k+1} and draft distr
 - otherwise: accept x_j with probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection emit a
   recovered token from norm(max(0, p_j - q_j)) and stop; when all k are accepted emit a bonus token from p_{k+1}.
 
-Point proposals (n-gram, suffix, greedy draft model) have one-hot q: acceptance is p_j(x_j) and the recovered
-token comes from p_j with x_j removed. Either way the emitted tokens follow p exactly. p and q are *processed*
-distributions (spec/sampling.py); the logprob reported for each emitted token is log p at its position.
-Randomness comes from each request's own generator, one call of k + 1 uniforms per step: k for the acceptance
-tests, one for the emitted token (inverse-CDF sampling); greedy requests draw nothing.
+Either way the emitted tokens follow p exactly. p and q are *processed* distributions (spec/sampling.py); the
+logprob reported for each emitted token is log p at its position.
+
+Randomness: a pair of uniforms per position, fixed by the request's output position (spec/uniforms.py). Point
+proposals (n-gram, suffix, greedy draft model: q one-hot at the draft) accept x_j with probability p_j(x_j) and
+recover from p_j without x_j; one inverse-CDF draw per position does both: it draws t_j from p_j with the position's
+token uniform, x_j is accepted iff x_j == t_j (probability p_j(x_j)), and a rejected position emits t_j, which
+given t_j != x_j follows p_j without x_j. The emitted tokens are then those of plain sampling with the same
+uniforms: seeded speculative sampling emits what seeded non-speculative sampling does, token for token, whatever
+the drafts. Probabilistic drafts test u < p/q with the position's test uniform and draw the recovered or bonus
+token with its token uniform.
 """
 
 from dataclasses import dataclass
@@ -20,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from spec.sampling import SamplingTensors, draw_uniforms, inverse_cdf_sample, processed_logprobs
+from spec.sampling import SamplingTensors, inverse_cdf_sample, processed_logprobs
 
 
 @dataclass
@@ -33,13 +39,14 @@ class VerifyResult:
 
 
 def rejection_sample(target_logits: torch.Tensor, draft_token_ids: Sequence[Sequence[int]],
-                     sampling: SamplingTensors, generators: Sequence[torch.Generator | None],
+                     sampling: SamplingTensors, uniforms: torch.Tensor,
                      draft_probs: Sequence[torch.Tensor] | None = None) -> VerifyResult:
     """Verify every request's drafts against the target in one batched pass.
 
     target_logits: [sum(k_r + 1), vocab], request r's k_r + 1 positions contiguous, in request order.
     draft_token_ids: per request its k_r drafts. draft_probs: per request [k_r, vocab] processed q, or None
-    for point proposals. sampling / generators: one entry per request.
+    for point proposals. sampling: one entry per request. uniforms: [sum(k_r + 1), 2], each position's token and
+    test uniforms (spec/uniforms.py; greedy requests read none).
     """
     device = target_logits.device
     num_draft_list = [len(d) for d in draft_token_ids]
@@ -48,26 +55,28 @@ def rejection_sample(target_logits: torch.Tensor, draft_token_ids: Sequence[Sequ
     per_position = sampling.repeat_interleave(num_draft + 1) if k_max else sampling
     logp = processed_logprobs(target_logits, per_position)  # [num_pos, vocab]
     p = logp.exp()
+    uniforms = uniforms.to(device)
     pos = _position_index(num_draft, k_max)  # [num_reqs, k_max + 1] flat row of (r, j), clamped to j <= k_r
     drafts = _pad(draft_token_ids, k_max, device)  # [num_reqs, k_max]
-    q = None if draft_probs is None else _pad_probs(draft_probs, k_max, p.shape[-1])  # [num_reqs, k_max, vocab]
-    is_greedy = sampling.is_greedy.tolist()
-    counts = [0 if greedy else k + 1 for k, greedy in zip(num_draft_list, is_greedy)]
-    uniform = draw_uniforms(generators, counts, k_max + 1, device)  # [num_reqs, k_max + 1]: k_r tests, then the token
-    if k_max:
-        accepted = _accept(p, logp, pos, drafts, q, num_draft, sampling.is_greedy, uniform)
-        num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # [num_reqs]
+    is_valid = torch.arange(k_max, device=device)[None, :] < num_draft[:, None]  # [num_reqs, k_max]
+    if draft_probs is None or not k_max:  # one draw per position decides the test and the token (above)
+        drawn = logp.argmax(dim=-1)  # [num_pos]
+        if not bool(per_position.is_greedy.all()):
+            drawn = torch.where(per_position.is_greedy, drawn, inverse_cdf_sample(p, uniforms[:, 0]))
+        tokens = drawn[pos]  # [num_reqs, k_max + 1]: the drafts up to the first mismatch, then the emitted token
+        num_accepted = ((tokens[:, :k_max] == drafts) & is_valid).long().cumprod(dim=1).sum(dim=1)
     else:
-        num_accepted = torch.zeros_like(num_draft)
-
-    rows = torch.arange(len(draft_token_ids), device=device)
-    last_pos = pos[rows, num_accepted]  # [num_reqs] where the recovered/bonus token is emitted
-    last = logp[last_pos].argmax(dim=-1)  # [num_reqs] greedy rows keep the argmax
-    if not all(is_greedy):
-        probs = _next_token_probs(p[last_pos], num_accepted, num_draft, drafts, q)  # [num_reqs, vocab]
-        last = torch.where(sampling.is_greedy, last, inverse_cdf_sample(probs, uniform[rows, num_draft]))
-    tokens = torch.cat([drafts, last[:, None]], dim=1)  # [num_reqs, k_max + 1], the last token at column a_r:
-    tokens = torch.where(torch.arange(k_max + 1, device=device) == num_accepted[:, None], last[:, None], tokens)
+        q = _pad_probs(draft_probs, k_max, p.shape[-1])  # [num_reqs, k_max, vocab]
+        accepted = _accept(p, logp, pos, drafts, q, sampling.is_greedy, uniforms[pos[:, :k_max], 1]) & is_valid
+        num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # [num_reqs]
+        rows = torch.arange(len(draft_token_ids), device=device)
+        last_pos = pos[rows, num_accepted]  # [num_reqs] where the recovered/bonus token is emitted
+        last = logp[last_pos].argmax(dim=-1)  # [num_reqs] greedy rows keep the argmax
+        if not bool(sampling.is_greedy.all()):
+            probs = _next_token_probs(p[last_pos], num_accepted, num_draft, drafts, q)  # [num_reqs, vocab]
+            last = torch.where(sampling.is_greedy, last, inverse_cdf_sample(probs, uniforms[last_pos, 0]))
+        tokens = torch.cat([drafts, last[:, None]], dim=1)  # [num_reqs, k_max + 1], the last token at column a_r:
+        tokens = torch.where(torch.arange(k_max + 1, device=device) == num_accepted[:, None], last[:, None], tokens)
     logprobs = logp[pos, tokens]  # [num_reqs, k_max + 1]
     lengths = (num_accepted + 1).tolist()
     return VerifyResult([t[:n] for t, n in zip(tokens.tolist(), lengths)],
@@ -95,16 +104,14 @@ def _pad_probs(draft_probs: Sequence[torch.Tensor], width: int, vocab_size: int)
     return out
 
 
-def _accept(p, logp, pos, drafts, q, num_draft, is_greedy, uniform) -> torch.Tensor:
-    """[num_reqs, k_max] bool: draft j of request r passes its test (padding never does)."""
-    k_max = drafts.shape[1]
-    draft_pos = pos[:, :k_max]  # [num_reqs, k_max]
-    is_valid = torch.arange(k_max, device=drafts.device)[None, :] < num_draft[:, None]
+def _accept(p, logp, pos, drafts, q, is_greedy, uniform) -> torch.Tensor:
+    """[num_reqs, k_max] bool: draft j of request r passes its test (padding is masked by the caller)."""
+    draft_pos = pos[:, :drafts.shape[1]]  # [num_reqs, k_max]
     p_drafts = p[draft_pos, drafts]  # [num_reqs, k_max] target probability of each draft
-    q_drafts = torch.ones_like(p_drafts) if q is None else q.gather(2, drafts[..., None]).squeeze(2)
-    accept_stochastic = uniform[:, :k_max] * q_drafts < p_drafts  # u < p/q, i.e. probability min(1, p/q)
+    q_drafts = q.gather(2, drafts[..., None]).squeeze(2)
+    accept_stochastic = uniform * q_drafts < p_drafts  # u < p/q, i.e. probability min(1, p/q)
     accept_greedy = drafts == logp[draft_pos].argmax(dim=-1)
-    return torch.where(is_greedy[:, None], accept_greedy, accept_stochastic) & is_valid
+    return torch.where(is_greedy[:, None], accept_greedy, accept_stochastic)
 
 
 def _next_token_probs(p_last, num_accepted, num_draft, drafts, q) -> torch.Tensor:
@@ -113,12 +120,7 @@ def _next_token_probs(p_last, num_accepted, num_draft, drafts, q) -> torch.Tenso
     if not bool(is_rejected.any()):
         return p_last
     rows = torch.arange(len(num_draft), device=p_last.device)
-    j = num_accepted.clamp(max=max(drafts.shape[1] - 1, 0))
-    if q is None:  # point proposals: q is one-hot at the rejected draft
-        q_last = torch.zeros_like(p_last)
-        q_last[rows, drafts[rows, j]] = 1.0
-    else:
-        q_last = q[rows, j]
+    q_last = q[rows, num_accepted.clamp(max=max(drafts.shape[1] - 1, 0))]
     residual = torch.clamp(p_last - q_last, min=0)
     # The residual is all zero only when p_j == q_j, where rejection has probability 0; guard float error.
     use_residual = is_rejected & (residual.sum(dim=-1) > 0)

@@ -95,6 +95,17 @@ def test_greedy_output_is_unchanged_by_adaptive_verification(name, target, draft
     assert stats["num_calibration_observations"] > 0 and "spec/calibration_error" in batch.metrics
 
 
+def test_seeded_sampling_is_unchanged_by_adaptive_verification(target, draft):
+    """Point proposals: however adaptive verification trims the drafts, each position's token is drawn from its own
+    uniform, so a seeded run emits what plain sampling emits from the same seed (spec/rejection.py)."""
+    params = SamplingParams(temperature=1.0, max_tokens=24, seed=11)
+    plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(PROMPTS, 2, params, use_tqdm=False)
+    config, draft_model = CONFIGS["draft_model"](target, draft)
+    batch = _generator(target, config, draft_model).generate(PROMPTS, 2, params, use_tqdm=False)
+    assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
+    assert 0 < batch.stats["num_draft_tokens"] < batch.stats["num_proposed_draft_tokens"]  # trimmed, not all or none
+
+
 def test_measured_costs_work_and_are_cached(target, draft, plain_greedy, step_cost_cache):
     config, draft_model = CONFIGS["draft_model"](target, draft)
     generator = _generator(target, config, draft_model, step_costs=None)

@@ -72,6 +72,26 @@ def test_greedy_speculative_equals_greedy_plain(name, target, draft, plain_greed
         assert batch.stats["draft_acceptance_rate"] > 0.95  # the target drafting for itself is always right
 
 
+SAMPLED = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, max_tokens=24, seed=3)
+
+
+@pytest.fixture(scope="module")
+def plain_sampled(target):
+    return _generator(target).generate(PROMPTS, 2, SAMPLED, use_tqdm=False)
+
+
+@pytest.mark.parametrize("name", [name for name in SPECS if name != "draft_model_probabilistic"])
+def test_seeded_sampling_with_point_proposals_equals_seeded_plain_sampling(name, target, draft, plain_sampled):
+    """Each position's token is drawn from its own uniform (spec/uniforms.py), so with point proposals the drafts
+    change how many forwards a completion takes, never its tokens."""
+    config, draft_model = SPECS[name](target, draft)
+    batch = _generator(target, config, draft_model).generate(PROMPTS, 2, SAMPLED, use_tqdm=False)
+    assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain_sampled.samples]
+    for spec_sample, plain_sample in zip(batch.samples, plain_sampled.samples):
+        assert spec_sample.logprobs == pytest.approx(plain_sample.logprobs, abs=1e-4)
+    assert batch.stats["num_accepted_draft_tokens"] > 0  # drafts were accepted: positions were split across steps
+
+
 def test_samples_come_back_in_input_order(plain_greedy):
     assert [(s.prompt_index, s.sample_index) for s in plain_greedy.samples] == \
            [(i, j) for i in range(len(PROMPTS)) for j in range(2)]

@@ -5,7 +5,7 @@ import torch
 from conftest import chi2_critical
 
 from spec.rejection import rejection_sample
-from spec.sampling import SamplingTensors, processed_logprobs
+from spec.sampling import SamplingTensors, inverse_cdf_sample, processed_logprobs
 
 VOCAB = 6
 
@@ -21,6 +21,11 @@ def _greedy(n):
     return SamplingTensors.build([0.0] * n)
 
 
+def _uniforms(num_positions, seed):
+    """Each position's token and test uniforms, as the engine reads them from the requests' streams."""
+    return torch.rand(num_positions, 2, generator=torch.Generator().manual_seed(seed))
+
+
 @pytest.mark.parametrize("drafts, argmaxes, expected_tokens, expected_accepted", [
     ([1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 4], 3),  # all accepted, then the bonus token
     ([5, 2, 3], [1, 2, 3, 4], [1], 0),  # first rejected: the target's token
@@ -29,7 +34,7 @@ def _greedy(n):
 ])
 def test_greedy_table(drafts, argmaxes, expected_tokens, expected_accepted):
     logits = _greedy_logits(argmaxes)
-    out = rejection_sample(logits, [drafts], _greedy(1), [None])
+    out = rejection_sample(logits, [drafts], _greedy(1), torch.zeros(len(argmaxes), 2))
     assert out.token_ids == [expected_tokens]
     assert out.num_accepted == [expected_accepted]
     logp = torch.log_softmax(logits, dim=-1)
@@ -42,16 +47,26 @@ def test_greedy_ragged_batch_keeps_rows_apart():
     argmaxes = [[3, 1, 0], [2], [4, 4, 1, 5]]
     drafts = [[3, 1], [], [4, 4, 2]]
     logits = torch.cat([_greedy_logits(a) for a in argmaxes])
-    out = rejection_sample(logits, drafts, _greedy(3), [None] * 3)
+    out = rejection_sample(logits, drafts, _greedy(3), torch.zeros(len(logits), 2))
     assert out.token_ids == [[3, 1, 0], [2], [4, 4, 1]]
     assert out.num_accepted == [2, 0, 2]
 
 
-def test_greedy_requests_draw_no_randomness():
-    generator = torch.Generator().manual_seed(7)
-    state = generator.get_state()
-    rejection_sample(_greedy_logits([1, 2, 3]), [[1, 0]], _greedy(1), [generator])
-    assert torch.equal(generator.get_state(), state)
+@pytest.mark.parametrize("seed", range(10))
+def test_point_proposals_emit_what_plain_sampling_emits_with_the_same_uniforms(seed):
+    """Whatever the drafts, a request emits at each position the token that plain sampling draws there with the
+    position's token uniform: the drafts that match it are accepted, and the first that does not is replaced by it."""
+    g = torch.Generator().manual_seed(seed)
+    num_positions = 6
+    logits = torch.randn(num_positions, VOCAB, generator=g) * 2
+    sampling = SamplingTensors.build([0.9], top_k=[5], top_p=[0.95])
+    uniforms = _uniforms(num_positions, seed)
+    plain = inverse_cdf_sample(processed_logprobs(logits, sampling.select([0] * num_positions)).exp(), uniforms[:, 0])
+    num_right = int(torch.randint(0, num_positions, (1,), generator=g))
+    drafts = plain[:num_right].tolist() + [(int(t) + 1) % VOCAB for t in plain[num_right:num_positions - 1]]
+    out = rejection_sample(logits, [drafts], sampling, uniforms)
+    assert out.num_accepted == [num_right]
+    assert out.token_ids == [plain[:num_right + 1].tolist()]
 
 
 def _random_case(seed, num_reqs, k_max):
@@ -80,8 +95,7 @@ def test_seeded_determinism(num_reqs, k_max):
     drafts, probs = _sample_drafts(draft_logits, sampling, torch.Generator().manual_seed(1))
 
     def run(seed):
-        generators = [torch.Generator().manual_seed(seed + r) for r in range(num_reqs)]
-        return rejection_sample(logits, drafts, sampling, generators, probs).token_ids
+        return rejection_sample(logits, drafts, sampling, _uniforms(len(logits), seed), probs).token_ids
 
     assert run(100) == run(100)
     runs = {str(run(seed)) for seed in range(100, 120)}
@@ -92,10 +106,10 @@ def test_request_result_does_not_depend_on_its_batch():
     num_draft, logits, draft_logits = _random_case(3, 4, 3)
     sampling = SamplingTensors.build([1.0] * 4)
     drafts, probs = _sample_drafts(draft_logits, sampling, torch.Generator().manual_seed(1))
-    batch = rejection_sample(logits, drafts, sampling, [torch.Generator().manual_seed(r) for r in range(4)], probs)
-    start = sum(num_draft[:2]) + 2
-    alone = rejection_sample(logits[start:start + num_draft[2] + 1], [drafts[2]], sampling.select([2]),
-                             [torch.Generator().manual_seed(2)], [probs[2]])
+    uniforms = _uniforms(len(logits), 3)
+    batch = rejection_sample(logits, drafts, sampling, uniforms, probs)
+    start, end = sum(num_draft[:2]) + 2, sum(num_draft[:3]) + 3
+    alone = rejection_sample(logits[start:end], [drafts[2]], sampling.select([2]), uniforms[start:end], [probs[2]])
     assert alone.token_ids[0] == batch.token_ids[2]
     assert alone.logprobs[0] == pytest.approx(batch.logprobs[2])
 
@@ -141,7 +155,8 @@ def test_emitted_tokens_follow_the_target_distribution(draft_sample_method, temp
         probs = [q] * NUM_TRIALS
     else:
         drafts, probs = [q.argmax(dim=-1).tolist()] * NUM_TRIALS, None
-    out = rejection_sample(target_logits.repeat(NUM_TRIALS, 1), drafts, sampling, [g] * NUM_TRIALS, probs)
+    out = rejection_sample(target_logits.repeat(NUM_TRIALS, 1), drafts, sampling,
+                           torch.rand(3 * NUM_TRIALS, 2, generator=g), probs)
 
     first = torch.bincount(torch.tensor([t[0] for t in out.token_ids]), minlength=VOCAB).float()
     second = torch.bincount(torch.tensor([t[1] for t in out.token_ids if len(t) > 1]), minlength=VOCAB).float()
@@ -158,7 +173,7 @@ def test_logprobs_are_those_of_the_processed_target():
     num_draft, logits, draft_logits = _random_case(5, 5, 3)
     sampling = SamplingTensors.build([0.8] * 5, top_k=[4] * 5, top_p=[0.9] * 5)
     drafts, probs = _sample_drafts(draft_logits, sampling, torch.Generator().manual_seed(2))
-    out = rejection_sample(logits, drafts, sampling, [torch.Generator().manual_seed(r) for r in range(5)], probs)
+    out = rejection_sample(logits, drafts, sampling, _uniforms(len(logits), 5), probs)
     logp = processed_logprobs(logits, sampling.repeat_interleave(torch.tensor(num_draft) + 1))
     start = 0
     for r, tokens in enumerate(out.token_ids):

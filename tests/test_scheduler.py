@@ -3,12 +3,12 @@ import torch
 from rollout.request import Request, RequestStatus
 from rollout.sampling_params import SamplingParams
 from rollout.scheduler import Scheduler
-from spec import RequestAcceptance, SpecConfig
+from spec import PositionUniforms, RequestAcceptance, SpecConfig
 
 
 def _request(i, prompt_len=3, max_tokens=8):
     return Request(i, i, i, 0, list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens),
-                   torch.Generator(), RequestAcceptance(), frozenset())
+                   torch.Generator(), PositionUniforms(torch.Generator()), RequestAcceptance(), frozenset())
 
 
 def _schedule(config=SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 4,
