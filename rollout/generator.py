@@ -15,8 +15,8 @@ from rollout.outputs import RolloutBatch, Sample
 from rollout.prompts import to_token_ids
 from rollout.request import Request
 from rollout.sampling_params import SamplingParams, mix_seed
-from spec import (AdaptiveVerifier, ConfidenceCalibrator, PositionUniforms, RequestAcceptance, SpecConfig, StepCostModel,
-                  build_proposer)
+from spec import (AdaptiveVerifier, ConfidenceCalibrator, PositionUniforms, RequestAcceptance, SpecConfig,
+                  StepCostModel, build_proposer)
 from spec import cost_profile
 from spec.model_runner import build_runner
 

@@ -13,7 +13,7 @@ from spec.step_cost import StepCostModel
 from spec.uniforms import PositionUniforms
 
 __all__ = [
-    "AcceptanceStats", "AdaptiveVerifier", "BatchSizeSchedule", "ConfidenceCalibrator", "DraftRequest", "PositionUniforms",
-    "Proposal", "Proposer", "RequestAcceptance", "SamplingTensors", "SpecConfig", "StepCostModel", "VerifyResult",
-    "build_proposer", "processed_logprobs", "rejection_sample",
+    "AcceptanceStats", "AdaptiveVerifier", "BatchSizeSchedule", "ConfidenceCalibrator", "DraftRequest",
+    "PositionUniforms", "Proposal", "Proposer", "RequestAcceptance", "SamplingTensors", "SpecConfig", "StepCostModel",
+    "VerifyResult", "build_proposer", "processed_logprobs", "rejection_sample",
 ]

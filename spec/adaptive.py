@@ -95,6 +95,7 @@ class AdaptiveVerifier:
         self._requests: dict[int, list[float]] = {}  # running request -> [drafts accepted, calibrated predictions,
         # the step they were last updated at]; steps without drafts fade them when they are next read or updated
         self._step = 0  # steps observed
+        self._forward_prices: tuple[float, list[float]] = (0.0, [])  # rate x D(m), m = 1, 2, .., and that rate
         self._drafts: dict[int, _Drafts] = {}  # this step's drafts per request, calibrated as they come
         self._drafts_version = calibrator.version  # the calibration they were calibrated with
 
@@ -138,19 +139,28 @@ class AdaptiveVerifier:
         else:  # the first draft of every row: at 256 rows, 0.45 ms a step through the general path
             first = rate(0)
             next_survival = [first * self._factor(req_id) for req_id in req_ids]
-        order = sorted(range(len(confidences)), key=next_survival.__getitem__, reverse=True)
         # Extending the top m gains sum(next survival - threshold) and costs a forward of m rows; only rows above
         # the threshold can be worth it (each further row adds a loss and the forward only gets dearer).
-        candidates = [row for row in order if next_survival[row] > self.threshold]
-        forward = self.costs.draft_forward_costs(len(candidates))  # D(m)
-        nets = [gain - self.rate * cost for gain, cost in
-                zip(itertools.accumulate(next_survival[row] - self.threshold for row in candidates), forward)]
+        threshold = self.threshold
+        candidates = sorted((row for row, value in enumerate(next_survival) if value > threshold),
+                            key=next_survival.__getitem__, reverse=True)
+        gains = itertools.accumulate(next_survival[row] - threshold for row in candidates)
+        nets = [gain - price for gain, price in zip(gains, self._prices(len(req_ids)))]
         best = max(range(len(nets)), key=nets.__getitem__, default=-1)
         keep = [False] * len(confidences)
         if best >= 0 and nets[best] > 0:
             for row in candidates[:best + 1]:
                 keep[row] = True
         return keep
+
+    def _prices(self, max_rows: int) -> list[float]:
+        """rate x D(m) for m = 1 .. max_rows (at least): a forward's worth in tokens, computed once per rate and
+        draft-cost refinement (a step asks before each of its forwards)."""
+        rate, prices = self._forward_prices
+        if rate != self.rate or len(prices) < max_rows:
+            prices = [self.rate * cost for cost in self.costs.draft_forward_costs(max_rows)]
+            self._forward_prices = (self.rate, prices)
+        return prices
 
     def allocate(self, req_ids: list[int], confidences: list[list[float]], num_fixed_tokens: int,
                  draft_seconds: float) -> Budget:
@@ -248,6 +258,7 @@ class AdaptiveVerifier:
         if num_uncached <= num_reqs:
             self.costs.observe_verify(num_reqs, num_uncached + num_drafts, verify_seconds)
         self.costs.observe_draft([rows for rows, _ in extensions], [seconds for _, seconds in extensions])
+        self._forward_prices = (0.0, [])  # the draft costs moved
 
     def stats(self) -> dict:
         self._calibrate()

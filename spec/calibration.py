@@ -73,8 +73,11 @@ class ConfidenceCalibrator:
         self.num_accepted += np.bincount(cells, weights=accepted, minlength=size).reshape(self.num_accepted.shape)
         self._num_unfitted += np.bincount(rows, minlength=self.max_positions)
         is_due = self._num_unfitted >= np.maximum(1.0, self._REFIT_SHARE * self.num_judged.sum(axis=1))
-        for row in np.flatnonzero(is_due):
+        due = np.flatnonzero(is_due).tolist()
+        for row in due:
             self._refit(row)
+        if due:
+            self._refit_rates(due[0])
 
     def _refit(self, row: int) -> None:
         self.version += 1
@@ -83,10 +86,13 @@ class ConfidenceCalibrator:
         estimate = (self.num_accepted[row] + self.prior_weight * self.centres) / weight
         self.table[row] = isotonic(estimate, weight)
         self._rows_list[row] = self.table[row].tolist()
-        for j in range(row, self.max_positions):  # this rate, and the later ones whose prior it is
+
+    def _refit_rates(self, first: int) -> None:
+        """The rates from position `first` on: each refitted one, and the later ones whose prior it is."""
+        accepted, judged = self.num_accepted.sum(axis=1).tolist(), self.num_judged.sum(axis=1).tolist()
+        for j in range(first, self.max_positions):
             prior = self._rates[j - 1] if j else 0.5
-            self._rates[j] = float((self.num_accepted[j].sum() + prior * self.prior_weight)
-                                   / (self.num_judged[j].sum() + self.prior_weight))
+            self._rates[j] = (accepted[j] + prior * self.prior_weight) / (judged[j] + self.prior_weight)
 
     def _count_error(self, name: str, predicted: np.ndarray, accepted: np.ndarray) -> None:
         bins = np.minimum((predicted * _NUM_ERROR_BINS).astype(np.int64), _NUM_ERROR_BINS - 1)

@@ -138,7 +138,8 @@ class StepCostModel:
 
     def verify_costs(self, num_reqs: int, first: int, count: int) -> list[float]:
         """verify_cost at num_reqs rows for first, first + 1, .. tokens, count of them."""
-        runs = [self.verify[n].run(first * factor, factor, count, share) for n, share, factor in self._bracket(num_reqs)]
+        runs = [self.verify[n].run(first * factor, factor, count, share)
+                for n, share, factor in self._bracket(num_reqs)]
         return runs[0] if len(runs) == 1 else list(map(float.__add__, *runs))
 
     def draft_cost(self, rows_per_forward) -> float:
