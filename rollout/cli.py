@@ -15,7 +15,7 @@ from rollout.tune import main as run_tune
 # K by live batch size for the default pair: the table `python -m rollout tune --max-k 8` printed on the 2-core
 # CPU this project is developed on (2 torch threads, every K timed on real rollouts at batch sizes 1..256; the
 # steady-state model alone predicted K = 6-8 throughout and measured slower). Re-run tune on other hardware.
-DEFAULT_SCHEDULE = [[1, 5, 8], [6, 181, 4], [182, 256, 1]]
+DEFAULT_SCHEDULE = [[1, 22, 8], [23, 90, 4], [91, 256, 2]]
 
 
 def default_speculative_config() -> dict:
