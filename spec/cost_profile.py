@@ -24,9 +24,11 @@ from spec.monotone import isotonic
 from spec.step_cost import StepCostModel
 
 _CONTEXT = 32  # cached tokens per row while timing: a prompt plus part of a completion
-_FORMAT = 4  # in the cache key: tables refined by format 1 (pointwise) learned kinks, formats 2-3 a drifting level, and
-# format 2 profiles timed each point's repeats back to back, so they are measured again
+_FORMAT = 5  # in the cache key: tables refined by format 1 (pointwise) learned kinks, formats 2-3 a drifting level,
+# format 2 profiles timed each point's repeats back to back and formats 1-4 drafting as whole calls (the draft curve's
+# shape), so they are measured again
 _REPEATS = 5
+_MIN_SECONDS = 1e-5  # a difference of two timings that noise made non-positive: costs must be > 0
 
 
 def cache_dir() -> Path:
@@ -107,12 +109,18 @@ def _verify(runner, slots: list[int], width: int, context: int) -> None:
 
 
 def _time_drafting(drafter, grid: list[int], context: int) -> dict[int, float]:
-    """{num_reqs: seconds of one draft per row}. The same requests every time: the drafter re-feeds each one's
-    last token (its cache keeps one token uncached), so every call is one forward of one token per row."""
+    """{num_reqs: seconds of one more draft per row}: a call drafting two tokens per row less one drafting one, so
+    that the curve holds what a further draft forward costs (the forward, sampling the drafts, the drafter's
+    bookkeeping), which is what the engine prices and refines it with, and not a call's one-off work (syncing each
+    row's cache, its first forward). A single scale had to fit both: timing whole one-draft calls, the refined
+    curve read 0.59 ms at one row where a further forward took 0.40, and 10-15% too little at 32-64 rows. The same
+    requests every time: the drafter re-feeds each one's last token (its cache keeps one token uncached)."""
     requests = [DraftRequest(-1 - i, -1 - i, [3] * context + [4], context) for i in range(max(grid))]
     try:
-        drafter.propose(requests, [1] * len(requests))  # prefill and warm-up
-        return _fastest_times({n: lambda n=n: drafter.propose(requests[:n], [1] * n) for n in grid})
+        drafter.propose(requests, [2] * len(requests))  # prefill and warm-up
+        times = _fastest_times({(n, k): lambda n=n, k=k: drafter.propose(requests[:n], [k] * n)
+                                for n in grid for k in (1, 2)})
+        return {n: max(times[n, 2] - times[n, 1], _MIN_SECONDS) for n in grid}
     finally:
         for request in requests:
             drafter.finish(request)
