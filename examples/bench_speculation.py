@@ -6,8 +6,9 @@ verification, and schedule + adaptive verification, side by side, on two workloa
 Workloads: `default` (the default task's arithmetic prompts, which the draft predicts well) and `mixed` (half of
 them, half strings of digits and signs that are not questions, on which the draft's acceptance is ~4x lower), so
 that acceptance differs between requests. Every arm rolls out the same prompts with the same sampling settings
-and seeds on the embedded default pair and the same in-memory weights; runs are interleaved (the arm order rotates
-every repeat) so that machine noise hits every arm alike. Each repeat draws new prompts and a new seed (the same
+and seeds on the embedded default pair and the same in-memory weights, and so the same completions (verification's
+randomness is keyed by position, spec/uniforms.py): the arms differ only in how fast they produce them. Runs are
+interleaved (the arm order rotates every repeat) so that machine noise hits every arm alike. Each repeat draws new prompts and a new seed (the same
 for every arm), and tokens/s is all repeats' tokens over their time: a small batch's speed depends on how its
 completions happen to end, so it gets `--repeats` rollouts and larger batches proportionally fewer (at least 3).
 Adaptive arms keep their
