@@ -1,16 +1,18 @@
 """Speculation benchmark: tokens/s of no speculation, static K, the per-batch-size schedule, adaptive
 verification, and schedule + adaptive verification, side by side, on two workloads.
 
-    python examples/bench_speculation.py [--batch-sizes 1,2,4,...,256] [--repeats 16] [--output-dir DIR]
+    python examples/bench_speculation.py [--batch-sizes 1,2,4,...,256] [--repeats 16] [--min-repeats 6]
+        [--output-dir DIR]
 
 Workloads: `default` (the default task's arithmetic prompts, which the draft predicts well) and `mixed` (half of
 them, half strings of digits and signs that are not questions, on which the draft's acceptance is ~4x lower), so
 that acceptance differs between requests. Every arm rolls out the same prompts with the same sampling settings
 and seeds on the embedded default pair and the same in-memory weights, and so the same completions (verification's
 randomness is keyed by position, spec/uniforms.py): the arms differ only in how fast they produce them. Runs are
-interleaved (the arm order rotates every repeat) so that machine noise hits every arm alike. Each repeat draws new prompts and a new seed (the same
-for every arm), and tokens/s is all repeats' tokens over their time: a small batch's speed depends on how its
-completions happen to end, so it gets `--repeats` rollouts and larger batches proportionally fewer (at least 3).
+interleaved (the arm order rotates every repeat) so that machine noise hits every arm alike. Each repeat draws new
+prompts and a new seed (the same for every arm), and tokens/s is all repeats' tokens over their time: a small
+batch's speed depends on how its completions happen to end, so it gets `--repeats` rollouts and larger batches
+proportionally fewer, at least `--min-repeats` (the machine's timing noise is then what is left to average out).
 Adaptive arms keep their
 calibration and refined costs across calls, as a training run does; every arm runs once untimed first. HF
 `model.generate` on the same target is one more arm on the default workload. Also reported: verified tokens per
@@ -61,7 +63,8 @@ def load(name: str):
     return AutoModelForCausalLM.from_pretrained(default_model_paths()[name], dtype=torch.float32).eval()
 
 
-def run_workload(workload: str, runners: dict, batch_sizes, repeats: int, max_tokens: int) -> dict:
+def run_workload(workload: str, runners: dict, batch_sizes, repeats: int, min_repeats: int,
+                 max_tokens: int) -> dict:
     """Per batch size and arm: tokens/s over all repeats, mean verified tokens per emitted token, acceptance
     counts. Each repeat rolls out its own prompts and seed (the same for every arm): how soon a small batch drains
     depends on the completions drawn, so one prompt set would measure its own luck."""
@@ -72,7 +75,7 @@ def run_workload(workload: str, runners: dict, batch_sizes, repeats: int, max_to
     for batch_size in batch_sizes:
         names = list(runners)
         runs = {name: [] for name in names}
-        for repeat in range(repeats_at(batch_size, repeats)):
+        for repeat in range(max(min_repeats, repeats_at(batch_size, repeats))):
             prompts = make_prompts(batch_size, seed=1000 * batch_size + repeat)
             params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=repeat)
             for name in names[repeat % len(names):] + names[:repeat % len(names)]:
@@ -182,6 +185,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
     parser.add_argument("--workloads", default="default,mixed")
     parser.add_argument("--repeats", type=int, default=16)
+    parser.add_argument("--min-repeats", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--output-dir", default="examples/results")
     parser.add_argument("--threads", type=int, default=None,
@@ -203,7 +207,7 @@ def main() -> None:
         runners = {name: _engine_arm(g) for name, g in generators.items()}
         if workload == "default":
             runners["hf_generate"] = _hf_arm(target, tokenizer)
-        by_batch = run_workload(workload, runners, batch_sizes, args.repeats, args.max_tokens)
+        by_batch = run_workload(workload, runners, batch_sizes, args.repeats, args.min_repeats, args.max_tokens)
         acceptance = pooled_acceptance(by_batch, f"K={MAX_K}")
         results[workload] = {b: {"arms": by_batch[b], "verdicts": verdicts(by_batch[b]),
                                  "predicted_speedup": {f"K={k}": predicted_speedup(acceptance, costs, b, k)
@@ -211,7 +215,8 @@ def main() -> None:
         results[workload]["acceptance_rate_per_position"] = acceptance
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_speculation.json").write_text(json.dumps({"schedule": DEFAULT_SCHEDULE, "threads": torch.get_num_threads(),
+    (out / "bench_speculation.json").write_text(json.dumps({"schedule": DEFAULT_SCHEDULE,
+                                                             "threads": torch.get_num_threads(),
                                                              "workloads": results,
                                                              "step_costs": costs.to_dict()}, indent=1))
     plot({w: {b: r for b, r in by.items() if isinstance(b, int)} for w, by in results.items()},
