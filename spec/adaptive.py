@@ -18,11 +18,7 @@ more often than that draft's confidence). A forward of a few rows costs about as
 confident request keeps drafting only while its own expected tokens pay for a whole forward. The first draft is
 decided the same way (survival 1, the first position's rate): where verification is dear and drafts are unsure (a
 large batch on a CPU, a request the drafter predicts badly) a step drafts nothing and costs what decoding without
-speculation does, instead of a draft forward over every row for drafts it then trims. A row that drafted nothing for
-a while must first feed the draft model the tokens decoded meanwhile: its first forward is priced by the tokens it
-feeds (D of their count), so resuming pays for its catch-up (at 128 rows on the mixed workload, one forward fed 1516
-tokens after 20 steps without drafts; pricing it, adaptive verification went from 0.87 to 0.94 of no speculation's
-speed there, and stayed within noise at 16 and 64 rows).
+speculation does, instead of a draft forward over every row for drafts it then trims.
 
 Per request. The calibrator maps confidence to acceptance for all requests alike, but a drafter can be as sure of its
 drafts for a prompt it predicts badly as for one it predicts well (on the benchmark's mixed workload, drafts with
@@ -119,22 +115,20 @@ class AdaptiveVerifier:
         self.rate, self.threshold = rate, threshold
         self._drafts = {}
 
-    def keep_drafting(self, req_ids: list[int], confidences: list[list[float]],
-                      num_fed: list[int] | None = None) -> list[bool]:
-        """Per request (its id, the raw confidences of its drafts so far, none before the first, and the tokens its
-        next forward would feed: 1 by default, more where a first forward catches up on steps it drafted nothing
-        in): does it get one more draft?"""
+    def keep_drafting(self, req_ids: list[int], confidences: list[list[float]]) -> list[bool]:
+        """Per request (its id, the raw confidences of its drafts so far, none before the first): does it get one
+        more draft?"""
         now = time.perf_counter()
         if self._extension is not None:
             self._extension_times.append((self._extension[0], now - self._extension[1]))
-        keep = self._keep(req_ids, confidences, num_fed)
+        keep = self._keep(req_ids, confidences)
         num_kept = sum(keep)
         # The first forward of a step also feeds each row the tokens verified last step: it is not timed as one.
         is_first = bool(confidences) and not confidences[0]
         self._extension = (num_kept, now) if num_kept and not is_first else None
         return keep
 
-    def _keep(self, req_ids: list[int], confidences: list[list[float]], num_fed: list[int] | None) -> list[bool]:
+    def _keep(self, req_ids: list[int], confidences: list[list[float]]) -> list[bool]:
         if not self.rate:
             return [True] * len(confidences)
         # Plain Python: this runs before every draft forward, mostly on a few rows.
@@ -151,12 +145,7 @@ class AdaptiveVerifier:
         candidates = sorted((row for row, value in enumerate(next_survival) if value > threshold),
                             key=next_survival.__getitem__, reverse=True)
         gains = itertools.accumulate(next_survival[row] - threshold for row in candidates)
-        if num_fed is None or max(num_fed, default=1) == 1:
-            prices = self._prices(len(req_ids))  # a forward of m rows, one token each
-        else:  # a forward feeding U tokens costs about what one of U rows of one token does
-            prices = [self.rate * self.costs.draft_cost([tokens])
-                      for tokens in itertools.accumulate(num_fed[row] for row in candidates)]
-        nets = [gain - price for gain, price in zip(gains, prices)]
+        nets = [gain - price for gain, price in zip(gains, self._prices(len(req_ids)))]
         best = max(range(len(nets)), key=nets.__getitem__, default=-1)
         keep = [False] * len(confidences)
         if best >= 0 and nets[best] > 0:

@@ -140,7 +140,7 @@ def test_costlier_verification_verifies_fewer_drafts(target, draft):
 def test_draft_model_stops_extending_rows_that_are_not_worth_it(draft):
     seen = []
 
-    def keep_drafting(req_ids, confidences, num_fed):
+    def keep_drafting(req_ids, confidences):
         seen.append([len(c) for c in confidences])
         return [len(c) < 2 for c in confidences]
 
@@ -154,7 +154,7 @@ def test_draft_model_stops_extending_rows_that_are_not_worth_it(draft):
 def test_a_row_refused_its_first_draft_drafts_nothing_and_catches_up_later(draft):
     refuse = {1}
     proposer = DraftModelProposer(draft, max_num_seqs=2, max_model_len=64,
-                                  keep_drafting=lambda ids, conf, fed: [i not in refuse for i in ids])
+                                  keep_drafting=lambda ids, conf: [i not in refuse for i in ids])
     requests = [DraftRequest(0, 0, [5, 6, 7], 3), DraftRequest(1, 1, [9, 4], 1)]
     assert proposer.propose(requests, [3, 3]).num_draft_tokens == [3, 0]
     assert proposer.runner.num_free_slots == 1  # the refused row was not synced: no cache slot, nothing fed
@@ -245,32 +245,6 @@ def test_drafting_extends_the_requests_whose_next_drafts_pay_for_a_forward():
     calibrator.observe(np.full(20, 2), np.full(20, 0.95), np.ones(20, dtype=bool))
     adaptive.rate = 0.5
     assert adaptive.keep_drafting([0], [[0.95, 0.3]]) == [True]
-def test_resuming_drafting_pays_for_the_tokens_decoded_without_drafts(draft):
-    """The drafter tells keep_drafting how many tokens a row's first forward feeds (its prompt aside); the policy
-    prices that forward by them, so a row that skipped many steps resumes only if its drafts pay for the catch-up."""
-    fed_seen = []
-
-    def keep_drafting(req_ids, confidences, num_fed):
-        if not any(confidences):
-            fed_seen.append(num_fed)
-        return [req_id != 1 or len(fed_seen) > 1 for req_id in req_ids]  # row 1: no drafts the first step
-
-    proposer = DraftModelProposer(draft, max_num_seqs=2, max_model_len=64, keep_drafting=keep_drafting)
-    requests = [DraftRequest(0, 0, [5, 6, 7], 3), DraftRequest(1, 1, [9, 4], 2)]
-    proposer.propose(requests, [2, 2])
-    requests[0].token_ids += [8]  # one token committed since row 0's drafts (both rejected)
-    requests[1].token_ids += [8, 3, 2, 1]  # four decoded without drafts
-    proposer.propose(requests, [2, 2])
-    assert fed_seen == [[1, 1], [1, 4]]  # new rows: their prompt is not counted; row 1 catches up on 4 tokens
-
-    costs = StepCostModel({1: {1: 1.0, 10: 1.0}}, {1: 0.1, 10: 1.0})  # a forward: 0.1 s a token fed, beyond one
-    adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
-    adaptive.rate, adaptive.threshold = 1.0, 0.1
-    # First draft: survival 1 x position 0's rate (1/2) = 0.5, nets 0.4 - 1.0 x D(tokens fed)
-    assert adaptive.keep_drafting([0, 1], [[], []], [1, 1]) == [True, True]  # 0.8 - 0.2 > 0
-    assert adaptive.keep_drafting([0, 1], [[], []], [1, 8]) == [True, False]  # both: 0.8 - 0.9 < 0.4 - 0.1
-
-
 def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monkeypatch):
     clock = iter([9.0, 10.0, 10.5, 11.0])
     monkeypatch.setattr("spec.adaptive.time", SimpleNamespace(perf_counter=lambda: next(clock)))

@@ -10,9 +10,9 @@ holds. A step for requests with k > 0:
 2. One ragged forward over every row's uncached tokens (one logit per row), then up to k - 1 one-token
    forwards over the rows still drafting. After k drafts the cache holds token_ids + drafts[:k-1].
    A row stops at a stop token of its request. `keep_drafting` (adaptive verification) can end a row early too:
-   given each drafting row's request id, its confidences so far and the tokens its next forward would feed, it
-   says which rows are worth one more draft, the first one included (a row that gets none is neither synced nor
-   fed: its uncached tokens wait for a later step's first forward, which feeds them all).
+   given each drafting row's request id and its confidences so far, it says which rows are worth one more draft,
+   the first one included (a row that gets none is neither synced nor fed: its uncached tokens wait for a later
+   step's first forward).
 
 The draft distribution q is `processed_logprobs` under the request's temperature / top-k / top-p.
 `draft_sample_method="greedy"`: the draft is argmax q, a point proposal (draft_probs=None).
@@ -65,7 +65,7 @@ class DraftModelProposer:
 
     def __init__(self, model, *, max_num_seqs: int, max_model_len: int, draft_sample_method: str = "greedy",
                  device=None, dtype=None,
-                 keep_drafting: Callable[[list[int], list[list[float]], list[int]], list[bool]] | None = None):
+                 keep_drafting: Callable[[list[int], list[list[float]]], list[bool]] | None = None):
         if draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method={draft_sample_method!r} is not one of {DRAFT_SAMPLE_METHODS}")
         self.draft_sample_method = draft_sample_method
@@ -124,17 +124,8 @@ class DraftModelProposer:
         """The rows that keep_drafting (when set) gives one more draft."""
         if not rows or self.keep_drafting is None:
             return rows
-        fed = [1 if drafts.confidence[i] else self._num_to_catch_up(requests[i]) for i in rows]
-        keep = self.keep_drafting([requests[i].req_id for i in rows], [drafts.confidence[i] for i in rows], fed)
+        keep = self.keep_drafting([requests[i].req_id for i in rows], [drafts.confidence[i] for i in rows])
         return [i for i, kept in zip(rows, keep) if kept]
-
-    def _num_to_catch_up(self, request: DraftRequest) -> int:
-        """Tokens the row's first forward of a step feeds, its prompt aside: 1 when its cache kept up, more after
-        steps that drafted nothing for it (their tokens wait for it). A prompt is fed once, when its row first
-        drafts, whatever the policy; a stretch decoded without drafts is the price of resuming."""
-        state = self._states.get(request.req_id)
-        cached = request.num_prompt_tokens if state is None else max(len(state.cached), request.num_prompt_tokens)
-        return max(1, len(request.token_ids) - cached)
 
     def _feed(self, states: list[_DraftState], token_ids: list[list[int]]) -> torch.Tensor:
         """Append token_ids to the rows' caches; the logits after each row's last token."""
