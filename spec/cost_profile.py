@@ -24,9 +24,8 @@ from spec.monotone import isotonic
 from spec.step_cost import StepCostModel
 
 _CONTEXT = 32  # cached tokens per row while timing: a prompt plus part of a completion
-_FORMAT = 5  # in the cache key: tables refined by format 1 (pointwise) learned kinks, formats 2-3 a drifting level,
-# format 2 profiles timed each point's repeats back to back and formats 1-4 drafting as whole calls (the draft curve's
-# shape), so they are measured again
+_FORMAT = 5  # in the cache key, so that older tables are measured again: format 1 was refined pointwise (kinks),
+# 2-3 learned a drifting level, 2 timed each point's repeats back to back, and 1-4 timed drafting as whole calls
 _REPEATS = 5
 _MIN_SECONDS = 1e-5  # a difference of two timings that noise made non-positive: costs must be > 0
 

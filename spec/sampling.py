@@ -87,11 +87,10 @@ def inverse_cdf_sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tens
     return token.clamp(max=probs.shape[-1] - 1)
 
 
-def draw_uniforms(generators, counts: list[int], width: int, device=None) -> torch.Tensor:
-    """[n, width] uniforms in [0, 1): row i holds counts[i] <= width draws from generators[i] (one call per
-    generator, none where counts[i] == 0), zero-padded."""
-    uniform = torch.zeros(len(counts), width)
-    for i, (count, generator) in enumerate(zip(counts, generators)):
-        if count:
-            uniform[i, :count] = torch.rand(count, generator=generator, device=getattr(generator, "device", None))
+def draw_uniforms(generators, wanted: list[bool], device=None) -> torch.Tensor:
+    """[n] uniforms in [0, 1): one draw from generators[i] where wanted[i], 0 (and no draw) elsewhere."""
+    uniform = torch.zeros(len(wanted))
+    for i, (want, generator) in enumerate(zip(wanted, generators)):
+        if want:
+            uniform[i] = torch.rand(1, generator=generator, device=getattr(generator, "device", None))[0]
     return uniform.to(device)

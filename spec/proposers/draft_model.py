@@ -143,9 +143,9 @@ class DraftModelProposer:
         one_hot = torch.nn.functional.one_hot(drafts, logq.shape[-1]).float()
         q = torch.where(sampling.is_greedy[:, None], one_hot, logq.exp())  # [n, vocab]
         if not bool(sampling.is_greedy.all()):
-            counts = (~sampling.is_greedy).long().tolist()  # one draw per sampled request, none for greedy ones
-            uniform = draw_uniforms([r.generator for r in requests], counts, 1, q.device)
-            drafts = torch.where(sampling.is_greedy, drafts, inverse_cdf_sample(q, uniform[:, 0]))
+            wanted = (~sampling.is_greedy).tolist()  # one draw per sampled request, none for greedy ones
+            uniform = draw_uniforms([r.generator for r in requests], wanted, q.device)
+            drafts = torch.where(sampling.is_greedy, drafts, inverse_cdf_sample(q, uniform))
         return drafts.tolist(), _probability_of(logq, drafts), q
 
     def sync(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
