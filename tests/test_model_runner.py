@@ -6,7 +6,7 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from spec.kv_cache import KVCache
-from spec.model_runner import PaddedRunner, RaggedRunner, build_runner
+from spec.model_runner import PaddedRunner, RaggedRunner, _attention_parts, build_runner
 
 VOCAB = 97
 # fp32 throughout. The runner and HF compute the same ops in the same order except attention (one SDPA over
@@ -100,25 +100,38 @@ def _exercise(runner, model):
     m.copy_prefix(b, d, 7)  # sibling shares b's prefix
     m.feed([d, b], [2, 1], [2, 1])
     m.feed([d], [1], [1])
+    rows = [a, b, c, d] + [m.allocate() for _ in range(4)]
+    m.feed(rows, [3] * 8, [0] * 8)
+    m.feed(rows, [1, 4, 1, 1, 1, 1, 1, 1], [1, 4, 1, 1, 1, 1, 1, 1])  # one wide row among 8: attention in 2 blocks
+    m.feed(rows[::-1], [1, 1, 1, 1, 1, 1, 1, 3], [1, 1, 0, 1, 1, 1, 1, 2])  # reversed slot order: keys gathered
     return m
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_ragged_runner_matches_hf(name):
     model = _model(MODELS[name])
-    _exercise(RaggedRunner(model, max_num_seqs=4, max_model_len=48), model)
+    _exercise(RaggedRunner(model, max_num_seqs=8, max_model_len=48), model)
+
+
+def test_attention_splits_off_a_few_wide_rows():
+    """Every row's first query in one block and the wide rows' others in a second, when at most an eighth of the
+    rows are wide; one padded block otherwise (_exercise checks both against HF)."""
+    assert _attention_parts([1, 4, 1, 1, 1, 1, 1, 1]) == [(list(range(8)), [0] * 8, [1] * 8), ([1], [1], [4])]
+    assert _attention_parts([1, 4, 1, 1, 1, 1, 1]) == [(list(range(7)), [0] * 7, [1, 4, 1, 1, 1, 1, 1])]
+    assert _attention_parts([1, 1]) == [([0, 1], [0, 0], [1, 1])]
+    assert _attention_parts([3] * 8) == [(list(range(8)), [0] * 8, [3] * 8)]
 
 
 def test_padded_runner_matches_hf_and_is_picked_for_gpt2():
     model = _model(_gpt2)
-    runner = build_runner(model, max_num_seqs=4, max_model_len=48)
+    runner = build_runner(model, max_num_seqs=8, max_model_len=48)
     assert isinstance(runner, PaddedRunner)
     _exercise(runner, model)
 
 
 def test_padded_runner_on_llama_matches_hf():
     model = _model(_llama)
-    _exercise(PaddedRunner(model, max_num_seqs=4, max_model_len=48), model)
+    _exercise(PaddedRunner(model, max_num_seqs=8, max_model_len=48), model)
 
 
 def test_build_runner_picks_ragged_for_llama_family():
