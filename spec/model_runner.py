@@ -13,7 +13,6 @@ row's slot up to its own length, with a float mask (causal within the new tokens
 in two blocks (`_attention_parts`), so that the narrow rows are not padded to the wide rows' width.
 """
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -78,19 +77,21 @@ class _Batch:
 
 
 def _build_batch(slots, token_ids, num_logits, starts, device, dtype) -> _Batch:
-    num_new = [len(t) for t in token_ids]
-    cu_tokens = [0, *itertools.accumulate(num_new)]
-    packed = [[token for ids in token_ids for token in ids],
-              [p for start, n in zip(starts, num_new) for p in range(start, start + n)],
-              [slot for slot, n in zip(slots, num_new) for _ in range(n)],
-              [i for cu, n, k in zip(cu_tokens[1:], num_new, num_logits) for i in range(cu - k, cu)]]
-    parts = _attention_parts(num_new)
+    flat_ids, positions, token_slots, logit_index, cu_tokens = [], [], [], [], [0]
+    for slot, ids, start, k in zip(slots, token_ids, starts, num_logits):
+        n = len(ids)
+        flat_ids += ids
+        positions += range(start, start + n)
+        token_slots += [slot] * n
+        logit_index += range(cu_tokens[-1] + n - k, cu_tokens[-1] + n)
+        cu_tokens.append(cu_tokens[-1] + n)
+    packed = [flat_ids, positions, token_slots, logit_index]
+    parts = _attention_parts([len(ids) for ids in token_ids])
     for rows, first, end in parts:
-        packed += _block_indices(rows, first, end, slots, starts, cu_tokens)
+        packed += _block_indices(rows, first, end, slots, starts, cu_tokens, is_whole=len(parts) == 1)
     tensors = torch.tensor([x for part in packed for x in part], dtype=torch.long).to(device).split(
         [len(part) for part in packed])  # one host -> device copy
-    blocks = [_block(tensors[4 + 5 * b: 9 + 5 * b], packed[4 + 5 * b: 9 + 5 * b], len(parts) == 1, dtype)
-              for b in range(len(parts))]
+    blocks = [_block(tensors[i:i + 5], packed[i:i + 5], dtype) for i in range(4, len(packed), 5)]
     return _Batch(input_ids=tensors[0], positions=tensors[1], token_slots=tensors[2], logit_index=tensors[3],
                   blocks=blocks)
 
@@ -109,26 +110,31 @@ def _attention_parts(num_new: list[int]) -> list[tuple[list[int], list[int], lis
     return [(rows, [0] * len(rows), [1] * len(rows)), (wide, [1] * len(wide), [num_new[row] for row in wide])]
 
 
-def _block_indices(rows, first, end, slots, starts, cu_tokens) -> list[list[int]]:
-    """Token index, pad index, slots, first query positions and key lengths of the block that attends queries
-    first[b] .. end[b] - 1 of row rows[b]."""
-    max_new = max(e - f for f, e in zip(first, end))
+def _block_indices(rows, first, end, slots, starts, cu_tokens, is_whole: bool) -> list[list[int]]:
+    """Token index (empty for a block of every query in order), pad index (empty when no row is padded), slots,
+    first query positions and key lengths of the block that attends queries first[b] .. end[b] - 1 of row rows[b]."""
+    widths = [e - f for f, e in zip(first, end)]
+    max_new = max(widths)
+    token_index, pad_index = [], []
+    if not is_whole:
+        for row, f, e in zip(rows, first, end):
+            token_index += range(cu_tokens[row] + f, cu_tokens[row] + e)
+    if min(widths) < max_new:
+        for b, width in enumerate(widths):
+            pad_index += range(b * max_new, b * max_new + width)
     query_starts = [starts[row] + f for row, f in zip(rows, first)]
-    return [[cu_tokens[row] + j for row, f, e in zip(rows, first, end) for j in range(f, e)],
-            [b * max_new + j for b, (f, e) in enumerate(zip(first, end)) for j in range(e - f)],
-            [slots[row] for row in rows], query_starts,
-            [s + e - f for s, f, e in zip(query_starts, first, end)]]  # keys up to the row's last query
+    lens = [s + w for s, w in zip(query_starts, widths)]  # keys up to the row's last query
+    return [token_index, pad_index, [slots[row] for row in rows], query_starts, lens]
 
 
-def _block(tensors, lists, is_whole: bool, dtype) -> _Block:
+def _block(tensors, lists, dtype) -> _Block:
     """The block of _block_indices' lists, given them as tensors too (the lists spare the device a sync)."""
     token_index, pad_index, slot_index, query_starts, lens = tensors
     block_slots, starts, ends = lists[2], lists[3], lists[4]
     num_rows, max_new, max_len = len(block_slots), max(e - s for s, e in zip(starts, ends)), max(ends)
     is_contiguous = block_slots == list(range(block_slots[0], block_slots[0] + num_rows))
     needs_mask = max_new > 1 or min(ends) < max_len
-    return _Block(token_index=None if is_whole else token_index,
-                  pad_index=pad_index if len(lists[1]) < num_rows * max_new else None,
+    return _Block(token_index=token_index if lists[0] else None, pad_index=pad_index if lists[1] else None,
                   slots=slice(block_slots[0], block_slots[0] + num_rows) if is_contiguous else slot_index,
                   mask=_attention_mask(query_starts, lens, max_new, max_len, dtype) if needs_mask else None,
                   num_rows=num_rows, max_new=max_new, max_len=max_len)
