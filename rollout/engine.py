@@ -43,7 +43,8 @@ class Engine:
         """One engine step; returns the requests it finished."""
         plan = self.scheduler.plan()
         self._prefill(plan)
-        # Rows in slot order: a full batch then reads its keys as one slice of the cache instead of a gather.
+        self._condense(plan.requests)
+        # Rows in slot order: a batch in slots 0 .. n - 1 reads its keys as one slice of the cache, not a gather.
         requests = sorted(plan.requests, key=lambda r: r.slot)
         num_drafts = [min(plan.k_max, r.room_for_drafts(self.max_model_len)) for r in requests]
         num_uncached = 0 if self.adaptive is None else sum(r.num_tokens - self.runner.seq_len(r.slot) for r in requests)
@@ -90,6 +91,19 @@ class Engine:
             self.runner.forward([r.slot for r in feed], [r.prompt_ids[:-1] for r in feed], [0] * len(feed))
         for holder, request in copies:
             self.runner.copy_prefix(holder.slot, request.slot, len(request.prompt_ids) - 1)
+
+    def _condense(self, requests: list[Request]) -> None:
+        """Move the requests in slots at or above n = len(requests) into the free slots below it, so that the batch
+        holds slots 0 .. n - 1 (vLLM's InputBatch.condense, for the same reason). Requests finish out of slot order
+        and leave holes, and attention over rows in scattered slots gathers every layer's keys and values: at 100
+        rows of 60 tokens, 23.8 ms a forward against 15.8 from one slice. A move copies one row's cache once."""
+        num_rows = len(requests)
+        movers = [r for r in requests if r.slot >= num_rows]
+        for request in movers:  # the runner hands out its lowest free slot: a hole below num_rows
+            slot = self.runner.allocate()
+            self.runner.copy_prefix(request.slot, slot, self.runner.seq_len(request.slot))
+            self.runner.free(request.slot)
+            request.slot = slot
 
     def _propose(self, requests: list[Request], num_drafts: list[int]) -> Proposal:
         if self.proposer is None or not any(num_drafts):

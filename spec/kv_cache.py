@@ -6,6 +6,8 @@ valid. Rolling back rejected drafts is `crop` (the length moves back; nothing is
 sample reuses another's prompt prefill with `copy_prefix`.
 """
 
+import heapq
+
 import torch
 
 
@@ -17,7 +19,8 @@ class SlotAllocator:
             raise ValueError(f"max_num_seqs={max_num_seqs} and max_model_len={max_model_len} must both be >= 1")
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
-        self._free = list(range(max_num_seqs - 1, -1, -1))  # pop() hands out the lowest slot first
+        self._free = list(range(max_num_seqs))  # a heap: the lowest free slot is handed out first, so that a
+        # caller that moves its sequences into freed slots keeps them in the lowest ones
         self._seq_lens: dict[int, int] = {}
 
     @property
@@ -28,14 +31,14 @@ class SlotAllocator:
         if not self._free:
             raise ValueError(f"no free cache slot: all max_num_seqs={self.max_num_seqs} slots are in use; "
                              "free() finished sequences or raise max_num_seqs")
-        slot = self._free.pop()
+        slot = heapq.heappop(self._free)
         self._seq_lens[slot] = 0
         return slot
 
     def free(self, slot: int) -> None:
         self._check_allocated(slot)
         del self._seq_lens[slot]
-        self._free.append(slot)
+        heapq.heappush(self._free, slot)
 
     def seq_len(self, slot: int) -> int:
         self._check_allocated(slot)

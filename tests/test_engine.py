@@ -122,6 +122,29 @@ def test_logprobs_equal_a_fresh_forward_of_the_target(target, draft):
         assert sample.logprobs == pytest.approx(expected, abs=1e-4)
 
 
+def test_the_batch_is_condensed_into_its_lowest_slots(target, draft):
+    """Rows finish out of slot order (at max_model_len: the longest prompt first); the engine moves the rows above
+    the holes down, so every target forward reads slots 0 .. n - 1 (one slice of the cache), and the moved caches
+    still give the target's own logprobs."""
+    gen = RolloutGenerator(target, speculative_config=_spec("draft_model"), draft_model=draft, max_num_seqs=8,
+                           max_model_len=24)
+    seen = []
+    forward = gen.runner.forward
+    gen.runner.forward = lambda slots, token_ids, num_logits: seen.append(list(slots)) or forward(
+        slots, token_ids, num_logits)
+    prompts = [[5 + i] * length for i, length in enumerate((2, 9, 4, 12, 1, 7, 3, 6))]
+    batch = gen.generate(prompts, 1, SamplingParams(temperature=1.0, max_tokens=30, seed=3), use_tqdm=False)
+    sizes = {len(slots) for slots in seen}
+    assert 8 in sizes and len(sizes) >= 4  # the batch shrank through holes
+    assert all(sorted(slots) == list(range(len(slots))) for slots in seen)
+    for sample in batch.samples:
+        ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
+        logits = target(ids).logits[0, len(sample.prompt_ids) - 1:-1]
+        logp = torch.log_softmax(logits, dim=-1)
+        expected = logp[torch.arange(len(sample.completion_ids)), sample.completion_ids].tolist()
+        assert sample.logprobs == pytest.approx(expected, abs=1e-4)  # as in the test above
+
+
 def test_records_sum_to_the_aggregate(target, draft):
     batch = _generator(target, _spec("draft_model"), draft).generate(PROMPTS, 3, SamplingParams(max_tokens=20),
                                                                      use_tqdm=False)
