@@ -1,7 +1,7 @@
 """Speculation benchmark: tokens/s of no speculation, static K, the per-batch-size schedule, adaptive
 verification, and schedule + adaptive verification, side by side, on two workloads.
 
-    python examples/bench_speculation.py [--batch-sizes 1,2,4,...,256] [--repeats 16] [--min-repeats 6]
+    python examples/bench_speculation.py [--batch-sizes 1,2,4,...,256] [--repeats 24] [--min-repeats 10]
         [--output-dir DIR]
 
 Workloads: `default` (the default task's arithmetic prompts, which the draft predicts well) and `mixed` (half of
@@ -13,10 +13,11 @@ interleaved (the arm order rotates every repeat) so that machine noise hits ever
 prompts and a new seed (the same for every arm), and tokens/s is all repeats' tokens over their time: a small
 batch's speed depends on how its completions happen to end, so it gets `--repeats` rollouts and larger batches
 proportionally fewer, at least `--min-repeats` (the machine's timing noise is then what is left to average out).
-Adaptive arms keep their
-calibration and refined costs across calls, as a training run does; every arm runs once untimed first. HF
-`model.generate` on the same target is one more arm on the default workload. Also reported: verified tokens per
-emitted token per arm, and the speedup the measured step costs predict for each static K (spec/tuning.py).
+Adaptive arms keep their calibration and refined costs across calls, as a training run does; every arm runs once
+untimed first. HF `model.generate` on the same target is one more arm on the default workload. Also reported:
+verified tokens per emitted token per arm, the adaptive arms over the best other arm both as measured and with
+that arm chosen on the other half of the repeats (`held_out_ratio`: the best of several noisy arms is biased up),
+and the speedup the measured step costs predict for each static K (spec/tuning.py).
 Writes bench_speculation.json and bench_speculation.png (default folder: examples/results).
 """
 
@@ -107,7 +108,8 @@ def _hf_arm(model, tokenizer):
 
 
 def _summarise(stats: list[dict]) -> dict:
-    summary = {"tokens_per_s": sum(s["num_completion_tokens"] for s in stats) / sum(s["elapsed_s"] for s in stats)}
+    summary = {"tokens_per_s": sum(s["num_completion_tokens"] for s in stats) / sum(s["elapsed_s"] for s in stats),
+               "repeats": [[s["num_completion_tokens"], s["elapsed_s"]] for s in stats]}  # in repeat order
     if "num_drafted_per_position" in stats[0]:
         summary.update({
             "verified_tokens_per_emitted_token": statistics.mean(s["verified_tokens_per_emitted_token"] for s in stats),
@@ -137,9 +139,25 @@ def verdicts(arms_result: dict) -> dict:
     verified = {n: r.get("verified_tokens_per_emitted_token") for n, r in arms_result.items()}
     return {"best_static_k": best_static, "best_other_arm": best_other,
             **{f"{arm}_over_best_other": tps[arm] / others[best_other] for arm in ("adaptive", "schedule_adaptive")},
+            **{f"{arm}_over_best_other_held_out": held_out_ratio(arms_result, arm, list(others))
+               for arm in ("adaptive", "schedule_adaptive")},
             **{f"{arm}_over_schedule": tps[arm] / tps["schedule"] for arm in ("adaptive", "schedule_adaptive")},
             "best_static_over_no_spec": tps[best_static] / tps["no_spec"],
             "verified_per_emitted": {n: v for n, v in verified.items() if v is not None}}
+
+
+def held_out_ratio(arms_result: dict, arm: str, others: list[str]) -> float:
+    """arm's tokens/s over the best of `others`, with the best chosen on the other half of the repeats: the best of
+    several arms measured on the same repeats is as lucky as the luckiest of them (the maximum of noisy estimates
+    is biased up, by about one standard deviation where a few arms are close), so each half of the repeats (even,
+    odd) picks the best arm and the other half measures the ratio; the two ratios' geometric mean."""
+    halves = [[r[parity::2] for r in (arms_result[name]["repeats"] for name in [arm, *others])] for parity in (0, 1)]
+    speeds = [[sum(t for t, _ in runs) / sum(s for _, s in runs) for runs in half] for half in halves]
+    ratios = []
+    for pick, measure in ((speeds[0], speeds[1]), (speeds[1], speeds[0])):
+        best = max(range(1, len(pick)), key=pick.__getitem__)
+        ratios.append(measure[0] / measure[best])
+    return (ratios[0] * ratios[1]) ** 0.5
 
 
 def _row(batch_size: int, arms_result: dict) -> str:
@@ -184,8 +202,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
     parser.add_argument("--workloads", default="default,mixed")
-    parser.add_argument("--repeats", type=int, default=16)
-    parser.add_argument("--min-repeats", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=24)
+    parser.add_argument("--min-repeats", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--output-dir", default="examples/results")
     parser.add_argument("--threads", type=int, default=None,
@@ -225,8 +243,9 @@ def main() -> None:
         for b in batch_sizes:
             v = by_batch[b]["verdicts"]
             print(f"[{workload}] B={b:3d} best other {v['best_other_arm']:>9}  adaptive/best other "
-                  f"{v['adaptive_over_best_other']:.2f}  schedule+adaptive/best other "
-                  f"{v['schedule_adaptive_over_best_other']:.2f}  schedule+adaptive/schedule "
+                  f"{v['adaptive_over_best_other']:.2f} (held out {v['adaptive_over_best_other_held_out']:.2f})  "
+                  f"schedule+adaptive/best other {v['schedule_adaptive_over_best_other']:.2f} (held out "
+                  f"{v['schedule_adaptive_over_best_other_held_out']:.2f})  schedule+adaptive/schedule "
                   f"{v['schedule_adaptive_over_schedule']:.2f}")
     print(f"wrote {out / 'bench_speculation.json'} and {out / 'bench_speculation.png'}")
 
