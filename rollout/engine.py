@@ -47,16 +47,16 @@ class Engine:
         # Rows in slot order: a batch in slots 0 .. n - 1 reads its keys as one slice of the cache, not a gather.
         requests = sorted(plan.requests, key=lambda r: r.slot)
         num_drafts = [min(plan.k_max, r.room_for_drafts(self.max_model_len)) for r in requests]
-        num_uncached = 0 if self.adaptive is None else sum(r.num_tokens - self.runner.seq_len(r.slot) for r in requests)
+        uncached = [] if self.adaptive is None else [r.num_tokens - self.runner.seq_len(r.slot) for r in requests]
         req_ids = None if self.adaptive is None else [r.req_id for r in requests]
         if self.adaptive is not None:
-            self.adaptive.begin_step(len(requests), num_uncached)
+            self.adaptive.begin_step(len(requests), sum(uncached))
         clock = time.perf_counter()
         proposal = self._propose(requests, num_drafts)
         drafted, draft_seconds = proposal.num_draft_tokens, time.perf_counter() - clock
         self.num_proposed_drafts += sum(drafted)
         if self.adaptive is not None:  # with no drafts too: the step's rate prices the next step's drafting
-            proposal = self._allocate(req_ids, proposal, num_uncached, draft_seconds)
+            proposal = self._allocate(req_ids, proposal, uncached, draft_seconds)
         clock = time.perf_counter()
         result = self._verify(requests, proposal)
         self.stats.observe_step(plan.batch_size, plan.k_max)
@@ -65,8 +65,7 @@ class Engine:
             self.adaptive.observe(req_ids, proposal.confidence, result.num_accepted)
         finished = self._commit(requests, proposal, result)
         if self.adaptive is not None:
-            self.adaptive.observe_times(len(requests), num_uncached, sum(proposal.num_draft_tokens),
-                                        time.perf_counter() - clock)
+            self.adaptive.observe_times(uncached, proposal.num_draft_tokens, time.perf_counter() - clock)
         return finished
 
     def _prefill(self, plan: StepPlan) -> None:
@@ -112,9 +111,9 @@ class Engine:
         proposal.validate(num_drafts, source=type(self.proposer).__name__)
         return self._cut_at_stop(requests, proposal)
 
-    def _allocate(self, req_ids: list[int], proposal: Proposal, num_uncached: int, draft_seconds: float) -> Proposal:
+    def _allocate(self, req_ids: list[int], proposal: Proposal, uncached: list[int], draft_seconds: float) -> Proposal:
         """Keep the prefix of each request's drafts that adaptive verification admits."""
-        budget = self.adaptive.allocate(req_ids, proposal.confidence, num_uncached, draft_seconds)
+        budget = self.adaptive.allocate(req_ids, proposal.confidence, uncached, draft_seconds)
         return _trim(proposal, budget.lengths)
 
     def _cut_at_stop(self, requests: list[Request], proposal: Proposal) -> Proposal:

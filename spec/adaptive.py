@@ -42,7 +42,7 @@ import numpy as np
 
 from spec.budget import Budget, choose_budget
 from spec.calibration import ConfidenceCalibrator
-from spec.step_cost import StepCostModel
+from spec.step_cost import StepCostModel, is_split
 
 CONFIDENCE_FALLBACKS = ("acceptance_rate",)
 _REQUEST_PRIOR = 2.0  # a request's acceptance factor starts as if 2 drafts had been accepted as predicted
@@ -98,6 +98,9 @@ class AdaptiveVerifier:
         self._forward_prices: tuple[float, list[float]] = (0.0, [])  # rate x D(m), m = 1, 2, .., and that rate
         self._drafts: dict[int, _Drafts] = {}  # this step's drafts per request, calibrated as they come
         self._drafts_version = calibrator.version  # the calibration they were calibrated with
+        self._shape = None  # this step's VerifyShape
+        self._is_decoding = False  # this step feeds each row one uncached token (no prompt)
+        self._num_drafting = 0  # rows given a first draft this step
 
     def begin_step(self, num_reqs: int, num_uncached: int) -> None:
         """A step of num_reqs requests with num_uncached non-draft tokens starts: drafting decisions use the rate and
@@ -114,6 +117,8 @@ class AdaptiveVerifier:
             rate, threshold = plain, threshold * plain / rate
         self.rate, self.threshold = rate, threshold
         self._drafts = {}
+        self._shape = self.costs.verify_shape(num_reqs)
+        self._is_decoding, self._num_drafting = num_uncached == num_reqs, 0
 
     def keep_drafting(self, req_ids: list[int], confidences: list[list[float]]) -> list[bool]:
         """Per request (its id, the raw confidences of its drafts so far, none before the first): does it get one
@@ -145,13 +150,30 @@ class AdaptiveVerifier:
         candidates = sorted((row for row, value in enumerate(next_survival) if value > threshold),
                             key=next_survival.__getitem__, reverse=True)
         gains = itertools.accumulate(next_survival[row] - threshold for row in candidates)
-        nets = [gain - price for gain, price in zip(gains, self._prices(len(req_ids)))]
+        nets = [gain - price for gain, price in zip(gains, self._step_prices(len(req_ids), confidences))]
         best = max(range(len(nets)), key=nets.__getitem__, default=-1)
         keep = [False] * len(confidences)
         if best >= 0 and nets[best] > 0:
             for row in candidates[:best + 1]:
                 keep[row] = True
+            if not any(confidences):
+                self._num_drafting = best + 1
         return keep
+
+    def _step_prices(self, max_rows: int, confidences: list[list[float]]) -> list[float]:
+        """What extending m = 1, 2, .. rows by one draft costs, in tokens: a draft forward, and in a decoding step
+        whose drafting rows are too many for the runner to split attention, the width it adds to every row's
+        attention (spec/step_cost.py; at 128 rows a width costs 1.5 ms beyond its tokens, a draft forward of 64 rows
+        about 2). Each forward extends rows to one more draft than any has, so each widens the step."""
+        prices = self._prices(max_rows)
+        if not self._is_decoding:  # prompts set the width
+            return prices
+        shape, depth = self._shape, max(map(len, confidences), default=0)
+        widening = self.rate * max(shape.width_cost(depth + 2) - shape.width_cost(depth + 1)
+                                   - shape.per_token * shape.num_reqs, 0.0)
+        if depth:
+            return prices if is_split(shape.num_reqs, self._num_drafting) else [p + widening for p in prices]
+        return [p + (0.0 if is_split(shape.num_reqs, m) else widening) for m, p in enumerate(prices, start=1)]
 
     def _prices(self, max_rows: int) -> list[float]:
         """rate x D(m) for m = 1 .. max_rows (at least): a forward's worth in tokens, computed once per rate and
@@ -162,15 +184,16 @@ class AdaptiveVerifier:
             self._forward_prices = (self.rate, prices)
         return prices
 
-    def allocate(self, req_ids: list[int], confidences: list[list[float]], num_fixed_tokens: int,
+    def allocate(self, req_ids: list[int], confidences: list[list[float]], uncached: list[int],
                  draft_seconds: float) -> Budget:
         """Drafts to verify per request, given the requests' ids, their raw draft confidences (already capped at
-        k_max) and the seconds this step's drafting took."""
+        k_max), their tokens other than drafts and the seconds this step's drafting took."""
         self._extension = None  # drafting is over: the time from the last extension on is not a forward's
         num_reqs = len(confidences)
-        budget = choose_budget(self.survival(req_ids, confidences), num_fixed_tokens, draft_seconds,
-                               lambda first, count: self.costs.verify_costs(num_reqs, first, count))
-        if num_fixed_tokens <= num_reqs:  # a step that prefills prompts runs at a one-off rate: not the rollout's
+        shape = self._shape if self._shape is not None and self._shape.num_reqs == num_reqs else \
+            self.costs.verify_shape(num_reqs)
+        budget = choose_budget(self.survival(req_ids, confidences), uncached, draft_seconds, shape.cost)
+        if sum(uncached) <= num_reqs:  # a step that prefills prompts runs at a one-off rate: not the rollout's
             self.rate, self.threshold = budget.rate, budget.threshold
             self._by_batch_size[self._batch_size_bucket] = (budget.rate, budget.threshold)
         return budget
@@ -247,16 +270,17 @@ class AdaptiveVerifier:
                                 np.array(accepted, dtype=bool))
         self._judged = ([], [], [])
 
-    def observe_times(self, num_reqs: int, num_uncached: int, num_drafts: int, verify_seconds: float) -> None:
-        """Measured seconds of one step's verification (forward, sampling, commit) of num_uncached non-draft tokens
-        and num_drafts drafts; the step's draft extensions were timed by keep_drafting. A step that prefills a
-        prompt (more than one uncached token per row) does not refine the verify curve: a prompt costs more per
-        token than decoding, and at 256 rows such steps had tilted the curve to predict 7 ms for a 32 ms step."""
+    def observe_times(self, uncached: list[int], num_drafts: list[int], verify_seconds: float) -> None:
+        """Measured seconds of one step's verification (forward, sampling, commit) of each row's uncached tokens
+        and drafts; the step's draft extensions were timed by keep_drafting. A step that prefills a prompt (more
+        than one uncached token in a row) does not refine the verify curve: a prompt costs more per token than
+        decoding, and at 256 rows such steps had tilted the curve to predict 7 ms for a 32 ms step."""
         extensions, self._extension_times = self._extension_times, []
         if not self.refine:
             return
-        if num_uncached <= num_reqs:
-            self.costs.observe_verify(num_reqs, num_uncached + num_drafts, verify_seconds)
+        if sum(uncached) <= len(uncached):
+            self.costs.observe_verify(len(uncached), len(uncached) + sum(num_drafts), 1 + max(num_drafts, default=0),
+                                      sum(n > 0 for n in num_drafts), verify_seconds)
         self.costs.observe_draft([rows for rows, _ in extensions], [seconds for _, seconds in extensions])
         self._forward_prices = (0.0, [])  # the draft costs moved
 

@@ -1,20 +1,24 @@
 """Choosing how many drafts each request verifies in one step: adaptive verification's allocation.
 
 Terms (as in vLLM's DSpark adaptive verification, extended to every drafter). A step runs N requests; the
-target forward reads T non-draft tokens (each row's uncached tokens) plus the admitted drafts. S(r, k), the
-*survival* of request r's first k drafts, estimates P(all k accepted) (calibrated confidences multiplied,
+target forward reads each row's uncached tokens (T in all) plus its admitted drafts. S(r, k), the *survival* of
+request r's first k drafts, estimates P(all k accepted) (calibrated confidences multiplied,
 spec/calibration.py); it never grows with k. Admitting a draft budget b, the step emits in expectation
 N + (sum of the admitted S) tokens (each row emits one token past its accepted drafts) and costs
-draft_cost + verify_cost(T + b) seconds. The allocation picks
+draft_cost + verify_cost(T + b, W, wide) seconds, W the widest row's tokens and wide the rows wider than one (the
+runner pads attention to the widest row: spec/step_cost.py). The allocation picks
 
-    b* = argmax_b (N + sum of the b largest S) / (draft_cost + verify_cost(T + b)),
+    b* = argmax_b (N + sum of the b largest S) / (draft_cost + verify_cost(T + b, W_b, wide_b)),
 
 and admits those b* slots. Ranking ties go to the earlier position, so with S non-increasing in k the admitted
-slots form a contiguous prefix of each request's drafts: request r verifies lengths[r] drafts. Whichever b wins,
-the top b slots are the best b slots of any prefix-closed allocation, so this is the optimum over all of them.
+slots form a contiguous prefix of each request's drafts: request r verifies lengths[r] drafts. Where the cost
+follows the tokens alone, whichever b wins, the top b slots are the best b slots of any prefix-closed allocation,
+so this is the optimum over all of them; with the width's cost it is the best of the top-b allocations (a deep
+slot is admitted when its survival outranks the shallow ones, and then pays for the width it adds).
 
-`threshold` is the survival a further draft would need to pay for itself at the optimum: rate* x the marginal
-verify cost of one more token. A drafter can stop extending a request whose survival has fallen below it.
+`threshold` is the survival a further draft would need to pay for itself at the optimum, within the chosen width:
+rate* x the cost of one more token there. A drafter can stop extending a request whose survival has fallen below
+it.
 """
 
 from dataclasses import dataclass
@@ -38,23 +42,30 @@ class Budget:
         return self.expected_tokens / self.seconds
 
 
-def choose_budget(survival: list, num_fixed_tokens: int, draft_cost: float,
-                  verify_costs: Callable[[int, int], list[float]]) -> Budget:
-    """survival[r]: non-increasing S(r, 1..) (a sequence of floats); verify_costs(first, count) gives the seconds to
-    verify first, first + 1, .. tokens (count of them). Plain Python: it runs every step, mostly on a few dozen
-    drafts."""
+def choose_budget(survival: list, uncached: list[int], draft_cost: float,
+                  verify_cost: Callable[[int, int, int], float]) -> Budget:
+    """survival[r]: non-increasing S(r, 1..) (a sequence of floats); uncached[r]: row r's tokens other than drafts;
+    verify_cost(num_tokens, width, num_wide): seconds to verify num_tokens tokens with the widest row `width` tokens
+    and num_wide rows wider than one. Plain Python: it runs every step, mostly on a few dozen drafts."""
     num_reqs = len(survival)
     slots = sorted((-float(value), position, owner) for owner, values in enumerate(survival)
                    for position, value in enumerate(values))  # best survival first; ties: earlier position first
-    costs = [draft_cost + cost for cost in verify_costs(num_fixed_tokens, len(slots) + 2)]  # b = 0 .. M + 1
+    widths = list(uncached)
+    width, num_wide, num_tokens = max(widths, default=0), sum(w > 1 for w in widths), sum(widths)
     gain = best_gain = float(num_reqs)
-    best, best_rate = 0, gain / costs[0]
-    for b, (negative_value, _, _) in enumerate(slots, start=1):
+    best, best_seconds, best_shape = 0, draft_cost + verify_cost(num_tokens, width, num_wide), (width, num_wide)
+    best_rate = gain / best_seconds
+    for b, (negative_value, _, owner) in enumerate(slots, start=1):
         gain -= negative_value
-        if gain / costs[b] > best_rate:  # strictly: the smallest budget among equals
-            best, best_rate, best_gain = b, gain / costs[b], gain
+        num_wide += widths[owner] == 1
+        widths[owner] += 1
+        width = max(width, widths[owner])
+        seconds = draft_cost + verify_cost(num_tokens + b, width, num_wide)
+        if gain / seconds > best_rate:  # strictly: the smallest budget among equals
+            best, best_rate, best_gain, best_seconds, best_shape = b, gain / seconds, gain, seconds, (width, num_wide)
     admitted = [0] * num_reqs
     for _, _, owner in slots[:best]:
         admitted[owner] += 1
-    marginal = max(costs[best + 1] - costs[best], 0.0)
-    return Budget(admitted, best_gain, costs[best], best_rate * marginal)
+    total = num_tokens + best
+    marginal = max(verify_cost(total + 1, *best_shape) - verify_cost(total, *best_shape), 0.0)
+    return Budget(admitted, best_gain, best_seconds, best_rate * marginal)

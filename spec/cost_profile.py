@@ -2,7 +2,9 @@
 
 The profile times the real work on scratch cache slots: for num_reqs on a doubling grid up to max_num_seqs, rows
 holding a typical mid-rollout context verify 1 .. max_tokens_per_row tokens each (target forward and rejection
-sampling), or draft one token each (the draft-model proposer's own propose call). It runs once per (models, dtype,
+sampling), half of them max_tokens_per_row and half one (the per-token cost at a fixed padded width: the step costs
+what max_tokens_per_row in every row does, less that for each token it is short), or draft one token each (the
+draft-model proposer's own propose call). It runs once per (models, dtype,
 device, threads, grid): the result is a JSON file in the cache folder (`$SPEC_ROLLOUTS_CACHE`, else
 `$XDG_CACHE_HOME/spec-rollouts`, else `~/.cache/spec-rollouts`), which later runs load and the engine's online
 refinement keeps up to date.
@@ -24,8 +26,9 @@ from spec.monotone import isotonic
 from spec.step_cost import StepCostModel
 
 _CONTEXT = 32  # cached tokens per row while timing: a prompt plus part of a completion
-_FORMAT = 5  # in the cache key, so that older tables are measured again: format 1 was refined pointwise (kinks),
-# 2-3 learned a drifting level, 2 timed each point's repeats back to back, and 1-4 timed drafting as whole calls
+_FORMAT = 6  # in the cache key, so that older tables are measured again: format 1 was refined pointwise (kinks),
+# 2-3 learned a drifting level, 2 timed each point's repeats back to back, 1-4 timed drafting as whole calls, and
+# 1-5 had no per-token cost
 _REPEATS = 5
 _MIN_SECONDS = 1e-5  # a difference of two timings that noise made non-positive: costs must be > 0
 
@@ -81,28 +84,33 @@ def profile(target_runner, drafter, max_num_seqs: int, max_tokens_per_row: int,
     grid = doubling_grid(max_num_seqs)
     widths = sorted({1, 2, 3, 5, max_tokens_per_row} & set(range(1, max_tokens_per_row + 1)))
     context = max(1, min(_CONTEXT, max_model_len - max_tokens_per_row))
-    verify = _time_verification(target_runner, grid, widths, context)
+    verify, ragged = _time_verification(target_runner, grid, widths, context)
     draft = None if drafter is None else _time_drafting(drafter, grid, context)
-    return _monotone(verify, draft)
+    return _monotone(verify, draft, ragged)
 
 
-def _time_verification(runner, grid: list[int], widths: list[int], context: int) -> dict[int, dict[int, float]]:
-    """{num_reqs: {num_reqs * width: seconds}}."""
+def _time_verification(runner, grid: list[int], widths: list[int], context: int):
+    """{num_reqs: {num_reqs * width: seconds}} of uniform widths, and {num_reqs: (tokens, seconds)} of half the rows
+    at the widest width and half at one (num_reqs >= 2)."""
     slots = [runner.allocate() for _ in range(max(grid))]
+    widest = max(widths)
+    ragged = {n: [widest] * (n // 2) + [1] * (n - n // 2) for n in grid if n >= 2}
     try:
         runner.forward(slots, [[3] * context] * len(slots), [0] * len(slots))
-        times = _fastest_times({(n, w): lambda n=n, w=w: _verify(runner, slots[:n], w, context)
-                                for n in grid for w in widths})
-        return {n: {n * w: times[n, w] for w in widths} for n in grid}
+        runs = {(n, w): lambda n=n, w=w: _verify(runner, slots[:n], [w] * n, context) for n in grid for w in widths}
+        runs.update({(n, "ragged"): lambda n=n: _verify(runner, slots[:n], ragged[n], context) for n in ragged})
+        times = _fastest_times(runs)
+        return ({n: {n * w: times[n, w] for w in widths} for n in grid},
+                {n: (sum(ragged[n]), times[n, "ragged"]) for n in ragged})
     finally:
         for slot in slots:
             runner.free(slot)
 
 
-def _verify(runner, slots: list[int], width: int, context: int) -> None:
-    logits = runner.forward(slots, [[3] * width] * len(slots), [width] * len(slots))
+def _verify(runner, slots: list[int], widths: list[int], context: int) -> None:
+    logits = runner.forward(slots, [[3] * w for w in widths], widths)
     sampling = SamplingTensors.build([1.0] * len(slots), device=logits.device)
-    rejection_sample(logits, [[3] * (width - 1)] * len(slots), sampling, torch.rand(len(slots) * width, 2))
+    rejection_sample(logits, [[3] * (w - 1) for w in widths], sampling, torch.rand(sum(widths), 2))
     for slot in slots:
         runner.crop(slot, context)
 
@@ -141,12 +149,22 @@ def _fastest_times(runs: dict) -> dict:
     return best
 
 
-def _monotone(verify: dict, draft: dict | None) -> StepCostModel:
-    """Timing noise can make a larger batch look cheaper: fit each curve by isotonic regression."""
+def _monotone(verify: dict, draft: dict | None, ragged: dict) -> StepCostModel:
+    """Timing noise can make a larger batch look cheaper: fit each curve by isotonic regression. Each per-token cost
+    is the widest uniform point's seconds less the ragged one's, per token short of it, kept between 1% of the
+    fitted curve's least slope and that slope (a wider row must not cost less than its tokens)."""
     def fit(curve: dict) -> dict:
         xs = sorted(curve)
         return {x: float(y) for x, y in zip(xs, isotonic([curve[x] for x in xs]))}
-    return StepCostModel({n: fit(c) for n, c in verify.items()}, None if draft is None else fit(draft))
+    verify = {n: fit(c) for n, c in verify.items()}
+    per_token = {}
+    for n, (tokens, seconds) in ragged.items():
+        points = sorted(verify[n].items())
+        least = min((s1 - s0) / (x1 - x0) for (x0, s0), (x1, s1) in zip(points, points[1:]))
+        widest, widest_seconds = points[-1]
+        if least > 0:
+            per_token[n] = min(max((widest_seconds - seconds) / (widest - tokens), 0.01 * least), least)
+    return StepCostModel(verify, None if draft is None else fit(draft), per_token)
 
 
 def doubling_grid(limit: int) -> list[int]:

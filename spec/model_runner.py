@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from spec.kv_cache import KVCache
 from spec.padded_runner import PaddedRunner, check_forward_args, prepare_model, resolve_device_dtype
 
-_MAX_WIDE_FRACTION = 1 / 8  # of the rows, for attention in two blocks (_attention_parts)
+MAX_WIDE_FRACTION = 1 / 8  # of the rows, for attention in two blocks (_attention_parts)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 
@@ -105,7 +105,7 @@ def _attention_parts(num_new: list[int]) -> list[tuple[list[int], list[int], lis
     an eighth 11% faster to 3% slower, with a quarter up to 8% slower (the gather grows with the wide rows)."""
     rows = list(range(len(num_new)))
     wide = [row for row in rows if num_new[row] > 1]
-    if not 0 < len(wide) <= len(rows) * _MAX_WIDE_FRACTION:
+    if not 0 < len(wide) <= len(rows) * MAX_WIDE_FRACTION:
         return [(rows, [0] * len(rows), num_new)]
     return [(rows, [0] * len(rows), [1] * len(rows)), (wide, [1] * len(wide), [num_new[row] for row in wide])]
 

@@ -1,9 +1,17 @@
 """The step-cost model: seconds that one engine step spends drafting and verifying, on this hardware.
 
 verify_cost(num_reqs, num_tokens): the target forward over `num_tokens` flattened tokens from `num_reqs` rows
-    (plus what the step does per verified token: rejection sampling, commit). Table: per num_reqs grid point,
-    seconds at a few token counts; linear interpolation in num_tokens (extrapolated along the last segment),
-    then in num_reqs at the same tokens per row.
+    (plus what the step does per verified token: rejection sampling, commit), every row the same width. Table: per
+    num_reqs grid point, seconds at a few token counts (1, 2, .. tokens per row); linear interpolation in
+    num_tokens (extrapolated along the last segment), then in num_reqs at the same tokens per row.
+verify_shape(num_reqs).cost(num_tokens, width, num_wide): the same forward with rows of different widths. The ragged
+    runner pads attention's queries to the widest row's (spec/model_runner.py), so a row verifying 8 drafts costs
+    every row 9 queries there, while its linear layers cost per token. So a step of rows at most `width` wide costs
+    what `width` tokens in every row cost, less the per-token cost (table field `verify_per_token`, seconds per
+    token at a fixed width) of the tokens it is short of that; where at most an eighth of the rows are wide, the
+    runner splits attention instead, and the step costs one token per row plus the per-token cost of the rest.
+    Measured at 128 rows: half the rows at 9 tokens and half at 1 cost 61 ms, 5 in every row 57 ms, 9 in every row
+    96 ms; per token at a fixed width 0.068 ms, against 0.08 along the uniform curve.
 draft_cost(num_reqs): one draft-model forward over `num_reqs` rows (one token each). Model-free drafters
     (n-gram, suffix) have no draft table: their cost is 0 here and their Python time shows up in the verify
     cells through online refinement.
@@ -19,7 +27,10 @@ budget.
 import bisect
 import itertools
 import json
+import math
 from dataclasses import dataclass
+
+from spec.model_runner import MAX_WIDE_FRACTION
 
 
 FIELD = "step_costs"
@@ -50,9 +61,13 @@ class _Curve:
     (spec/cost_profile.py); pointwise learning had bent it (at 16 rows, 0.03 ms per token up to 48 tokens and 0.16
     beyond, where a forward costs a smooth 0.07), and the allocation follows the slope."""
 
-    def __init__(self, points: dict[int, float]):
+    def __init__(self, points: dict[int, float], per_token: float | None = None):
         self.xs = [float(x) for x in points]
         self.ys = [float(y) for y in points.values()]  # the shape p
+        # Seconds per token at a fixed padded width, part of the shape (scaled with it); without a measurement the
+        # shape's least slope, so that widening a row never costs less than a token
+        self.per_token = min((self._slope(i) for i in range(1, len(self.xs))), default=0.0) if per_token is None \
+            else float(per_token)
         self.scale = 1.0
         self._prior = _PRIOR_WEIGHT * sum(y * y for y in self.ys)  # sum p^2 = sum p y over the prior's points
         self._observed = [0.0, 0.0]  # faded sums of p y and p^2 over observations
@@ -71,7 +86,8 @@ class _Curve:
 
     def run(self, first: float, step: float, count: int, weight: float = 1.0) -> list[float]:
         """weight x the costs at sizes first, first + step, .., count of them (step > 0): within a segment of the
-        shape they are an arithmetic progression, summed at C speed (the allocation reads up to 2,000 a step)."""
+        shape they are an arithmetic progression, summed at C speed (drafting decisions read one per row count, up
+        to max_num_seqs, before each draft forward)."""
         xs, ys, costs = self.xs, self.ys, []
         scale = weight * self.scale
         while len(costs) < count:
@@ -93,9 +109,15 @@ class _Curve:
         i %= len(self.xs)
         return (self.ys[i] - self.ys[i - 1]) / (self.xs[i] - self.xs[i - 1])
 
-    def learn(self, x: float, seconds: float, weight: float = 1.0) -> None:
-        """One observed cost at size x (weight: its share, for a step between two curves), then the refit."""
-        p = self.shape(x)
+    def padded(self, rows: float, num_tokens: float, width: int, is_split: bool) -> float:
+        """The shape's cost of a step of `rows` rows, num_tokens tokens, the widest `width` (module docstring)."""
+        if is_split:
+            return self.shape(rows) + self.per_token * (num_tokens - rows)
+        return self.shape(rows * width) - self.per_token * (rows * width - num_tokens)
+
+    def learn(self, p: float, seconds: float, weight: float = 1.0) -> None:
+        """One observed cost of a step whose shape cost is p (weight: its share, for a step between two curves),
+        then the refit."""
         stats = self._observed
         stats[0] = _MEMORY * stats[0] + weight * p * seconds
         stats[1] = _MEMORY * stats[1] + weight * p * p
@@ -105,23 +127,58 @@ class _Curve:
         return {int(x): self.scale * y for x, y in zip(self.xs, self.ys)}
 
 
+class VerifyShape:
+    """The verify cost of one step's allocations at num_reqs rows (StepCostModel.verify_shape): read once per step,
+    then O(1) per candidate allocation."""
+
+    def __init__(self, model: "StepCostModel", num_reqs: int):
+        self.num_reqs = num_reqs
+        self._bracket = model._bracket(num_reqs)
+        self._curves = model.verify
+        # per_token: seconds per token at a fixed width, the bracketing curves' read at the same tokens per row
+        self.per_token = sum(share * factor * self._curves[n].scale * self._curves[n].per_token
+                             for n, share, factor in self._bracket)
+        self._widths = [0.0]  # _widths[w]: seconds of w tokens in every row
+
+    def width_cost(self, width: int) -> float:
+        while len(self._widths) <= width:
+            w = len(self._widths)
+            self._widths.append(sum(share * self._curves[n].at(n * w) for n, share, _ in self._bracket))
+        return self._widths[width]
+
+    def cost(self, num_tokens: int, width: int, num_wide: int) -> float:
+        """Seconds to verify num_tokens tokens, the widest row `width` tokens, num_wide rows wider than one."""
+        if is_split(self.num_reqs, num_wide):
+            return self.width_cost(1) + self.per_token * (num_tokens - self.num_reqs)
+        return self.width_cost(width) - self.per_token * (self.num_reqs * width - num_tokens)
+
+
+def is_split(num_rows: int, num_wide: int) -> bool:
+    """Whether the ragged runner attends in two blocks (spec/model_runner.py): none of the rows wide counts too."""
+    return num_wide <= num_rows * MAX_WIDE_FRACTION
+
+
 @dataclass
 class StepCostModel:
     verify: dict[int, dict[int, float]]  # num_reqs -> {num_tokens: seconds}
     draft: dict[int, float] | None = None  # num_reqs -> seconds per draft forward; None: model-free drafter
+    verify_per_token: dict[int, float] | None = None  # num_reqs -> seconds per token at a fixed width; None (or a
+    # num_reqs missing): the verify curve's least slope
 
     def __post_init__(self):
-        self.verify = {n: _Curve(c) for n, c in _parse_verify(self.verify).items()}  # num_reqs -> curve
+        per_token = _parse_per_token(self.verify_per_token, self.verify)
+        self.verify = {n: _Curve(c, per_token.get(n)) for n, c in _parse_verify(self.verify).items()}
         self.draft = None if self.draft is None else _Curve(_parse_curve(self.draft, f"{FIELD}['draft']"))
         self._reqs = sorted(self.verify)
 
     @classmethod
     def from_dict(cls, table: dict) -> "StepCostModel":
-        if not isinstance(table, dict) or "verify" not in table or set(table) - {"verify", "draft"}:
+        if not isinstance(table, dict) or "verify" not in table or set(table) - {"verify", "draft", "verify_per_token"}:
             got = sorted(table) if isinstance(table, dict) else table
             raise ValueError(f"{FIELD}: expected {{'verify': {{num_reqs: {{num_tokens: seconds}}}}, 'draft': "
-                             f"{{num_reqs: seconds}}}} (draft optional); got keys {got!r}")
-        return cls(table["verify"], table.get("draft"))
+                             f"{{num_reqs: seconds}}, 'verify_per_token': {{num_reqs: seconds}}}} (draft and "
+                             f"verify_per_token optional); got keys {got!r}")
+        return cls(table["verify"], table.get("draft"), table.get("verify_per_token"))
 
     @classmethod
     def load(cls, path: str) -> "StepCostModel":
@@ -130,17 +187,15 @@ class StepCostModel:
 
     def to_dict(self) -> dict:
         return {"verify": {n: curve.to_dict() for n, curve in self.verify.items()},
-                "draft": None if self.draft is None else self.draft.to_dict()}
+                "draft": None if self.draft is None else self.draft.to_dict(),
+                "verify_per_token": {n: curve.scale * curve.per_token for n, curve in self.verify.items()}}
+
+    def verify_shape(self, num_reqs: int) -> VerifyShape:
+        return VerifyShape(self, num_reqs)
 
     def verify_cost(self, num_reqs: int, num_tokens: float) -> float:
         """Seconds to verify num_tokens tokens at num_reqs rows."""
         return sum(share * self.verify[n].at(num_tokens * factor) for n, share, factor in self._bracket(num_reqs))
-
-    def verify_costs(self, num_reqs: int, first: int, count: int) -> list[float]:
-        """verify_cost at num_reqs rows for first, first + 1, .. tokens, count of them."""
-        runs = [self.verify[n].run(first * factor, factor, count, share)
-                for n, share, factor in self._bracket(num_reqs)]
-        return runs[0] if len(runs) == 1 else list(map(float.__add__, *runs))
 
     def draft_cost(self, rows_per_forward) -> float:
         """Seconds for draft forwards with the given numbers of rows (one entry per forward)."""
@@ -150,17 +205,21 @@ class StepCostModel:
         """Seconds of one draft forward of 1, 2, .., max_rows rows (zeros for a model-free drafter)."""
         return [0.0] * max_rows if self.draft is None else self.draft.run(1, 1, max_rows)
 
-    def observe_verify(self, num_reqs: int, num_tokens: int, seconds: float) -> None:
-        delta = _bounded(seconds, self.verify_cost(num_reqs, num_tokens))
-        for n, share, factor in self._bracket(num_reqs):  # each curve is told its own cost plus the step's error
-            self.verify[n].learn(num_tokens * factor, self.verify[n].at(num_tokens * factor) + delta, share)
+    def observe_verify(self, num_reqs: int, num_tokens: int, width: int, num_wide: int, seconds: float) -> None:
+        """A measured step: num_tokens tokens from num_reqs rows, the widest `width`, num_wide rows wider than one."""
+        split = is_split(num_reqs, num_wide)
+        shapes = [(n, share, self.verify[n].padded(n, num_tokens * factor, width, split))
+                  for n, share, factor in self._bracket(num_reqs)]
+        delta = _bounded(seconds, sum(share * self.verify[n].scale * p for n, share, p in shapes))
+        for n, share, p in shapes:  # each curve is told its own cost plus the step's error
+            self.verify[n].learn(p, self.verify[n].scale * p + delta, share)
 
     def observe_draft(self, num_rows: list[int], seconds: list[float]) -> None:
         """Measured draft forwards: the rows and seconds of each."""
         if self.draft is not None:
             for n, s in zip(num_rows, seconds):
                 predicted = self.draft.at(n)
-                self.draft.learn(n, predicted + _bounded(s, predicted))
+                self.draft.learn(self.draft.shape(n), predicted + _bounded(s, predicted))
 
     def _bracket(self, num_reqs: int) -> list[tuple[int, float, float]]:
         """The grid num_reqs around num_reqs: (num_reqs there, interpolation weight, token factor). Between two
@@ -187,6 +246,33 @@ def _parse_verify(table) -> dict[int, dict[int, float]]:
         raise ValueError(f"{FIELD}['verify']={table!r}: expected a non-empty {{num_reqs: {{num_tokens: seconds}}}}")
     return {n: _parse_curve(curve, f"{FIELD}['verify'][{n}]")
             for n, curve in sorted(((_positive_int(n, f"{FIELD}['verify']"), c) for n, c in table.items()))}
+
+
+def _parse_per_token(table, verify) -> dict[int, float]:
+    """{num_reqs: seconds per token}, each >= 0 and at most the verify curve's least slope there (a wider row must
+    not cost less than its tokens); {} for None."""
+    field = f"{FIELD}['verify_per_token']"
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise ValueError(f"{field}={table!r}: expected {{num_reqs: seconds per token}}")
+    curves = _parse_verify(verify)
+    parsed = {}
+    for key, seconds in table.items():
+        n = _positive_int(key, field)
+        if n not in curves:
+            raise ValueError(f"{field}: num_reqs {n} has no verify curve (have {sorted(curves)}); drop it or "
+                             "measure that curve")
+        if not isinstance(seconds, (int, float)) or not seconds >= 0:
+            raise ValueError(f"{field}[{n}]={seconds!r}: a per-token cost must be seconds >= 0")
+        points = sorted(curves[n].items())
+        least = min(((s1 - s0) / (x1 - x0) for (x0, s0), (x1, s1) in zip(points, points[1:])), default=math.inf)
+        if seconds > least * (1 + 1e-9):
+            raise ValueError(f"{field}[{n}]={seconds:g} s exceeds the verify curve's least slope there ({least:g} s "
+                             "per token): a row padded wider would cost less than its tokens; re-measure, or take "
+                             "the least slope")
+        parsed[n] = float(seconds)
+    return parsed
 
 
 def _parse_curve(curve, field: str) -> dict[int, float]:

@@ -245,6 +245,23 @@ def test_drafting_extends_the_requests_whose_next_drafts_pay_for_a_forward():
     calibrator.observe(np.full(20, 2), np.full(20, 0.95), np.ones(20, dtype=bool))
     adaptive.rate = 0.5
     assert adaptive.keep_drafting([0], [[0.95, 0.3]]) == [True]
+def test_a_draft_forward_that_widens_every_row_pays_for_the_width():
+    """The runner pads attention to the widest row unless at most an eighth of the rows are wide: extending more
+    rows than that by a draft costs every row a query (spec/step_cost.py)."""
+    # 8 rows: each token per row 1 s, of which 0.01 s per token at a fixed width; a draft forward 0.01 s
+    costs = StepCostModel({8: {8: 1.0, 16: 2.0, 24: 3.0}}, {1: 0.01, 8: 0.01}, {8: 0.01})
+    adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
+    adaptive.begin_step(8, 8)
+    adaptive.rate, adaptive.threshold = 8.0, 0.1
+    # Each first draft: survival 0.5 (the prior rate), 0.4 over the threshold. Widening all 8 rows costs
+    # 8 tokens/s x (1 - 8 x 0.01) s = 7.4 tokens, more than 8 x 0.4; one row alone is split off and pays its forward.
+    assert sum(adaptive.keep_drafting(list(range(8)), [[]] * 8)) == 1
+    assert adaptive.keep_drafting([0], [[0.95]]) == [True]  # still split: no width to pay for
+    adaptive.begin_step(8, 80)  # prompts set this step's width: drafting adds none
+    adaptive.rate, adaptive.threshold = 8.0, 0.1
+    assert adaptive.keep_drafting(list(range(8)), [[]] * 8) == [True] * 8
+
+
 def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monkeypatch):
     clock = iter([9.0, 10.0, 10.5, 11.0])
     monkeypatch.setattr("spec.adaptive.time", SimpleNamespace(perf_counter=lambda: next(clock)))
@@ -254,26 +271,27 @@ def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monk
     assert adaptive.keep_drafting([0, 1], [[], []]) == [True, True]
     assert adaptive.keep_drafting([0, 1], [[0.9], [0.9]]) == [True, True]  # at 10.0: both rows extended
     assert adaptive.keep_drafting([0, 1], [[0.9, 0.9], [0.9]]) == [True, True]  # at 10.5: that extension took 0.5 s
-    budget = adaptive.allocate([0, 1], [[0.9, 0.9, 0.9], [0.9, 0.9]], num_fixed_tokens=2, draft_seconds=0.75)
+    budget = adaptive.allocate([0, 1], [[0.9, 0.9, 0.9], [0.9, 0.9]], uncached=[1, 1], draft_seconds=0.75)
     # the step is charged the drafting time it took, not a modelled one
-    assert budget.seconds == pytest.approx(0.75 + costs.verify_cost(2, 2 + budget.num_drafts))
-    adaptive.observe_times(2, 2, budget.num_drafts, budget.seconds - 0.75)
+    widths = [1 + n for n in budget.lengths]
+    assert budget.seconds == pytest.approx(0.75 + costs.verify_shape(2).cost(sum(widths), max(widths), 2))
+    adaptive.observe_times([1, 1], budget.lengths, budget.seconds - 0.75)
     # One extension of 2 rows in 0.5 s, against 0.2 predicted (bounded to 1.5x that: 0.3); the drafting after the
     # second call (ended by allocate) is not an extension. With the table's 3 points as one observation each, the
     # least-squares cost = scale x table through (0.2, 0.2), (0.2, 0.2), (0.3, 0.3), (0.2, 0.3) has scale
     # 0.23 / 0.21 (sum of table x cost over sum of table^2).
     assert costs.draft_cost([2]) == pytest.approx(0.2 * 23 / 21)
     adaptive.keep_drafting([0], [[0.9]])  # at 11.0: a new step, nothing extended yet
-    adaptive.observe_times(1, 1, 0, 1.0)
+    adaptive.observe_times([1], [0], 1.0)
     assert costs.draft_cost([2]) == pytest.approx(0.2 * 23 / 21)
 
 
 def test_steps_that_prefill_prompts_do_not_refine_the_verify_costs():
     costs = StepCostModel({2: {2: 1.0, 10: 2.0}})
     adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
-    adaptive.observe_times(2, 20, 0, 10.0)  # two rows prefill 20 prompt tokens
+    adaptive.observe_times([10, 10], [0, 0], 10.0)  # two rows prefill 20 prompt tokens
     assert costs.to_dict()["verify"] == {2: {2: 1.0, 10: 2.0}}
-    adaptive.observe_times(2, 2, 4, 3.0)  # a decode step: one uncached token per row, then 4 drafts
+    adaptive.observe_times([1, 1], [2, 2], 3.0)  # a decode step: one uncached token per row, then 4 drafts
     assert costs.verify_cost(2, 6) > 1.5
 
 
@@ -281,9 +299,9 @@ def test_drafting_decisions_use_the_rate_last_seen_at_a_similar_batch_size():
     costs = StepCostModel({n: {n: 1.0, 9 * n: 1.0 + 0.1 * n} for n in (1, 2, 4, 8, 16, 32)}, {1: 0.1, 32: 0.2})
     adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
     adaptive.begin_step(32, 32)
-    big = adaptive.allocate(list(range(32)), [[0.9, 0.9]] * 32, num_fixed_tokens=32, draft_seconds=0.5)
+    big = adaptive.allocate(list(range(32)), [[0.9, 0.9]] * 32, uncached=[1] * 32, draft_seconds=0.5)
     adaptive.begin_step(1, 1)
-    small = adaptive.allocate([0], [[0.9, 0.9]], num_fixed_tokens=1, draft_seconds=0.2)
+    small = adaptive.allocate([0], [[0.9, 0.9]], uncached=[1], draft_seconds=0.2)
     assert small.rate < big.rate / 4  # a lone request: far fewer tokens for a step of similar cost
     adaptive.begin_step(40, 40)  # a batch of 32-63 again: back to the rate and threshold seen at 32
     assert (adaptive.rate, adaptive.threshold) == (big.rate, big.threshold)
@@ -296,7 +314,7 @@ def test_drafting_never_prices_time_below_the_rate_of_a_step_without_drafts():
     adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
     adaptive.begin_step(32, 32)
     # unsure drafts after a long drafting time: this allocation's rate is below the 32 tokens/s of plain decoding
-    low = adaptive.allocate(list(range(32)), [[0.3]] * 32, num_fixed_tokens=32, draft_seconds=2.0)
+    low = adaptive.allocate(list(range(32)), [[0.3]] * 32, uncached=[1] * 32, draft_seconds=2.0)
     assert low.rate < 32.0
     adaptive.begin_step(32, 32)
     assert adaptive.rate == pytest.approx(32.0)  # 32 rows in the 1 s a step without drafts costs
@@ -304,7 +322,7 @@ def test_drafting_never_prices_time_below_the_rate_of_a_step_without_drafts():
     assert adaptive.keep_drafting(list(range(32)), [[]] * 32) == [False] * 32  # at that rate no draft pays
     # A step that prefills prompts records no rate: its prompts make it a one-off, not the rollout's pace.
     adaptive.begin_step(32, 32 * 20)
-    adaptive.allocate(list(range(32)), [[0.9]] * 32, num_fixed_tokens=32 * 20, draft_seconds=0.5)
+    adaptive.allocate(list(range(32)), [[0.9]] * 32, uncached=[20] * 32, draft_seconds=0.5)
     adaptive.begin_step(32, 32)
     assert adaptive.rate == pytest.approx(32.0)
 
@@ -313,17 +331,17 @@ def test_a_request_whose_confident_drafts_keep_failing_stops_being_offered_draft
     costs = StepCostModel({2: {2: 1.0, 10: 1.8}}, {1: 0.01, 2: 0.01})  # a verified draft costs 0.1 s
     adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
     sure = [[0.95, 0.95, 0.95, 0.95]] * 2
-    assert adaptive.allocate([7, 8], sure, num_fixed_tokens=2, draft_seconds=0.0).lengths == [4, 4]
+    assert adaptive.allocate([7, 8], sure, uncached=[1, 1], draft_seconds=0.0).lengths == [4, 4]
     for _ in range(10):  # the drafter is as sure of both, but request 7's first draft is always rejected
         adaptive.observe([7, 8], sure, [0, 4])
-    assert adaptive.allocate([7, 8], sure, num_fixed_tokens=2, draft_seconds=0.0).lengths == [0, 4]
+    assert adaptive.allocate([7, 8], sure, uncached=[1, 1], draft_seconds=0.0).lengths == [0, 4]
     for _ in range(20):  # steps in which request 7 got no drafts: its record fades and it is tried again
         adaptive.observe([7, 8], [[], sure[1]], [0, 4])
-    assert adaptive.allocate([7, 8], sure, num_fixed_tokens=2, draft_seconds=0.0).lengths == [4, 4]
+    assert adaptive.allocate([7, 8], sure, uncached=[1, 1], draft_seconds=0.0).lengths == [4, 4]
     for _ in range(10):
         adaptive.observe([7, 8], sure, [0, 4])
     adaptive.finish(7)  # a new request reusing the id starts from the prior again
-    assert adaptive.allocate([7, 8], sure, num_fixed_tokens=2, draft_seconds=0.0).lengths == [4, 4]
+    assert adaptive.allocate([7, 8], sure, uncached=[1, 1], draft_seconds=0.0).lengths == [4, 4]
 
 
 def test_finished_requests_leave_no_adaptive_record(target, draft):

@@ -29,21 +29,41 @@ def test_interpolates_in_tokens_then_in_requests():
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_runs_of_token_counts_read_the_curves_as_single_reads_do(seed):
-    """verify_costs sums each segment as an arithmetic progression; it must agree with verify_cost everywhere: below
-    a curve's first point (flat), across its points, past its last (extended), between grid rows (read at the same
-    tokens per row, a non-integer step) and beyond the grid."""
+def test_runs_of_row_counts_read_the_curve_as_single_reads_do(seed):
+    """draft_forward_costs sums each segment of the draft curve as an arithmetic progression; it must agree with
+    draft_cost everywhere: below the curve's first point (flat), across its points and past its last (extended)."""
     rng = np.random.default_rng(seed)
-    table = {}
-    for num_reqs in sorted(rng.choice(np.arange(1, 40), size=int(rng.integers(1, 4)), replace=False).tolist()):
-        tokens = sorted(rng.choice(np.arange(num_reqs, 10 * num_reqs + 1), size=int(rng.integers(1, 5)),
-                                   replace=False).tolist())
-        table[num_reqs] = dict(zip(tokens, np.cumsum(rng.uniform(0.01, 1.0, size=len(tokens))).tolist()))
-    costs = StepCostModel.from_dict({"verify": table})
-    for num_reqs in range(1, 45):
-        first, count = int(rng.integers(1, 3 * num_reqs + 2)), int(rng.integers(1, 12 * num_reqs))
-        expected = [costs.verify_cost(num_reqs, t) for t in range(first, first + count)]
-        assert costs.verify_costs(num_reqs, first, count) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    rows = sorted(rng.choice(np.arange(1, 40), size=int(rng.integers(1, 5)), replace=False).tolist())
+    costs = StepCostModel({1: {1: 1.0}}, dict(zip(rows, np.cumsum(rng.uniform(0.01, 1.0, size=len(rows))).tolist())))
+    max_rows = int(rng.integers(1, 60))
+    expected = [costs.draft_cost([m]) for m in range(1, max_rows + 1)]
+    assert costs.draft_forward_costs(max_rows) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_a_ragged_step_costs_its_widest_row_in_every_row_less_the_tokens_it_is_short_of():
+    costs = StepCostModel.from_dict({"verify": {16: {16: 1.0, 32: 3.0, 48: 4.0}}, "verify_per_token": {16: 0.05}})
+    shape = costs.verify_shape(16)
+    assert shape.cost(16, 1, 0) == pytest.approx(1.0)  # no drafts
+    assert shape.cost(48, 3, 16) == pytest.approx(4.0)  # every row 3 wide: the uniform curve
+    # 8 rows at 3 tokens, 8 at 1: padded to 3 (48 query slots), 16 tokens short of them
+    assert shape.cost(32, 3, 8) == pytest.approx(4.0 - 0.05 * 16)
+    # 2 of 16 rows wide: the runner splits attention, so one token per row plus the others at the per-token cost
+    assert shape.cost(22, 4, 2) == pytest.approx(1.0 + 0.05 * 6)
+    # without a measured per-token cost: the curve's least slope (1/16 s), so that widening never costs less
+    fallback = StepCostModel.from_dict({"verify": {16: {16: 1.0, 32: 3.0, 48: 4.0}}}).verify_shape(16)
+    assert fallback.per_token == pytest.approx(1 / 16)
+    # between grid sizes, each curve is read at the same tokens per row, the per-token cost too
+    two = StepCostModel.from_dict({"verify": {2: {2: 1.0, 6: 2.0}, 4: {4: 2.0, 12: 4.0}},
+                                   "verify_per_token": {2: 0.2, 4: 0.1}}).verify_shape(3)
+    assert two.cost(5, 3, 2) == pytest.approx(0.5 * (2.0 - 0.2 * (6 - 5 * 2 / 3)) + 0.5 * (4.0 - 0.1 * (12 - 5 * 4 / 3)))
+
+
+def test_refinement_learns_from_ragged_steps_at_their_padded_cost():
+    costs = StepCostModel.from_dict({"verify": {4: {4: 2.0, 12: 6.0}}, "verify_per_token": {4: 0.25}})
+    for _ in range(300):
+        costs.observe_verify(4, 8, 3, 2, 2 * (6.0 - 0.25 * 4))  # twice its padded cost
+    assert costs.verify_cost(4, 4) == pytest.approx(4.0, rel=0.02)
+    assert costs.verify_shape(4).per_token == pytest.approx(0.5, rel=0.02)  # scaled with the curve
 
 
 def test_json_round_trip_with_string_keys():
@@ -59,6 +79,9 @@ def test_json_round_trip_with_string_keys():
     ({"verify": {"x": {1: 1.0}}}, r"key 'x' is not a positive integer"),
     ({"verify": {}}, r"expected a non-empty"),
     ({"draft": {1: 1.0}}, r"expected \{'verify'"),
+    ({"verify": {1: {1: 1.0, 3: 2.0}}, "verify_per_token": {1: 0.6}}, r"\[1\]=0.6 s exceeds the verify curve's"),
+    ({"verify": {1: {1: 1.0, 3: 2.0}}, "verify_per_token": {1: -0.1}}, r"must be seconds >= 0"),
+    ({"verify": {1: {1: 1.0, 3: 2.0}}, "verify_per_token": {2: 0.1}}, r"num_reqs 2 has no verify curve"),
 ])
 def test_bad_tables_are_refused(table, message):
     with pytest.raises(ValueError, match=message):
@@ -68,10 +91,10 @@ def test_bad_tables_are_refused(table, message):
 def test_online_refinement_learns_the_observed_costs_where_the_engine_runs():
     costs = StepCostModel.from_dict(TABLE)  # 4 rows: 2.0 s at 4 tokens, 6.0 s at 12
     for _ in range(300):
-        costs.observe_verify(4, 4, 3.0)  # 1.5x the table at 4 tokens
-        costs.observe_verify(4, 12, 9.0)  # and at 12
+        costs.observe_verify(4, 4, 1, 0, 3.0)  # 1.5x the table at 4 tokens
+        costs.observe_verify(4, 12, 3, 4, 9.0)  # and at 12
     # Within 2%: the table's 2 points count as 2 observations against the ~100 the curve remembers.
-    assert costs.verify_costs(4, 4, 9)[::4] == pytest.approx([3.0, 6.0, 9.0], rel=0.02)  # the whole curve, scaled
+    assert [costs.verify_cost(4, t) for t in (4, 8, 12)] == pytest.approx([3.0, 6.0, 9.0], rel=0.02)  # scaled
     assert costs.verify_cost(1, 1) == pytest.approx(1.0)  # a curve nothing was observed on stays as measured
     for _ in range(300):
         costs.observe_draft([4], [0.5])  # half the table
@@ -85,8 +108,8 @@ def test_refinement_keeps_the_measured_shape_through_noise_and_the_cache():
     costs = StepCostModel.from_dict(TABLE)
     for step in range(500):
         stalled = step % 7 == 0  # every 7th step at 4 tokens stalls to 5x its cost
-        costs.observe_verify(4, 10, 5.0 * (1.0 + 0.05 * (step % 3)))  # the band the engine runs in: 10 tokens
-        costs.observe_verify(4, 4, 10.0 if stalled else 2.0)
+        costs.observe_verify(4, 10, 3, 3, 5.0 * (1.0 + 0.05 * (step % 3)))  # the band the engine runs in
+        costs.observe_verify(4, 4, 1, 0, 10.0 if stalled else 2.0)
     for _ in range(3):  # saved and reloaded, as the generator does between runs
         costs = StepCostModel.from_dict(json.loads(json.dumps(costs.to_dict())))
     curve = costs.to_dict()["verify"][4]
@@ -104,6 +127,11 @@ def test_profile_measures_monotone_positive_costs_and_caches_them(step_cost_cach
         values = list(curve.values())
         assert min(values) > 0 and values == sorted(values)
     assert sorted(table["verify"][4]) == [4, 8, 12]  # 1, 2 and 3 tokens per row
+    assert sorted(table["verify_per_token"]) == [1, 2, 4]
+    for n, curve in table["verify"].items():  # measured (from 2 rows), or the least slope: within [0, least slope]
+        points = sorted(curve.items())
+        least = min((s1 - s0) / (x1 - x0) for (x0, s0), (x1, s1) in zip(points, points[1:]))
+        assert 0 <= table["verify_per_token"][n] <= least * (1 + 1e-9)
     assert target_runner.num_free_slots == 4 and drafter.runner.num_free_slots == 4  # scratch slots returned
     path = cost_profile.cache_path(key)
     assert path.parent == step_cost_cache and json.loads(path.read_text())["key"] == key
