@@ -11,7 +11,9 @@ Drafting further. Extending the m requests with the best expected next survival 
 D(m), and then m more tokens to verify. With the last allocation's rate (tokens per second) and threshold (the
 survival that pays for one verified token), raised to this step's rate without drafts where that is higher (see
 begin_step), extending them is worth rate x D(m) seconds' worth of tokens against sum over those m of (next survival
-minus threshold); the drafter extends the m that maximise the difference, or none when no m makes it positive. The
+minus threshold); in a decoding step where the m rows are too many for the runner to split attention, each forward
+also widens every row's attention by a query, and pays for that too (spec/step_cost.py). The drafter extends the m
+that maximise the difference, or none when no m makes it positive. The
 next survival is estimated as the current survival times the position's acceptance rate: the next draft's confidence
 is not known before the forward, and the last one's is a poor guess (drafts are accepted after an unsure draft far
 more often than that draft's confidence). A forward of a few rows costs about as much as one of many, so a lone
