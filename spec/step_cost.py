@@ -109,11 +109,9 @@ class _Curve:
         i %= len(self.xs)
         return (self.ys[i] - self.ys[i - 1]) / (self.xs[i] - self.xs[i - 1])
 
-    def padded(self, rows: float, num_tokens: float, width: int, is_split: bool) -> float:
+    def padded(self, rows: float, num_tokens: float, width: int, split: bool) -> float:
         """The shape's cost of a step of `rows` rows, num_tokens tokens, the widest `width` (module docstring)."""
-        if is_split:
-            return self.shape(rows) + self.per_token * (num_tokens - rows)
-        return self.shape(rows * width) - self.per_token * (rows * width - num_tokens)
+        return _padded(lambda w: self.shape(rows * w), self.per_token, rows, num_tokens, width, split)
 
     def learn(self, p: float, seconds: float, weight: float = 1.0) -> None:
         """One observed cost of a step whose shape cost is p (weight: its share, for a step between two curves),
@@ -148,14 +146,21 @@ class VerifyShape:
 
     def cost(self, num_tokens: int, width: int, num_wide: int) -> float:
         """Seconds to verify num_tokens tokens, the widest row `width` tokens, num_wide rows wider than one."""
-        if is_split(self.num_reqs, num_wide):
-            return self.width_cost(1) + self.per_token * (num_tokens - self.num_reqs)
-        return self.width_cost(width) - self.per_token * (self.num_reqs * width - num_tokens)
+        return _padded(self.width_cost, self.per_token, self.num_reqs, num_tokens, width,
+                       is_split(self.num_reqs, num_wide))
 
 
 def is_split(num_rows: int, num_wide: int) -> bool:
     """Whether the ragged runner attends in two blocks (spec/model_runner.py): none of the rows wide counts too."""
     return num_wide <= num_rows * MAX_WIDE_FRACTION
+
+
+def _padded(width_cost, per_token: float, rows: float, num_tokens: float, width: int, split: bool) -> float:
+    """A step's cost from width_cost(w), the cost of w tokens in every row (module docstring): split, one token per
+    row plus the rest at the per-token cost; else the widest row's width in every row, less the tokens short of it."""
+    if split:
+        return width_cost(1) + per_token * (num_tokens - rows)
+    return width_cost(width) - per_token * (rows * width - num_tokens)
 
 
 @dataclass
