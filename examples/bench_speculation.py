@@ -14,7 +14,9 @@ prompts and a new seed (the same for every arm), and tokens/s is all repeats' to
 batch's speed depends on how its completions happen to end, so it gets `--repeats` rollouts and larger batches
 proportionally fewer, at least `--min-repeats` (the machine's timing noise is then what is left to average out).
 Adaptive arms keep their calibration and refined costs across calls, as a training run does; every arm runs once
-untimed first. HF `model.generate` on the same target is one more arm on the default workload. Also reported:
+untimed first, and then `--warmup` untimed batches at each batch size before its timed ones: a training run repeats
+its batch size every step, and adaptive verification's closed-batch check (spec/closed_batch.py) judges a batch size
+by its last 3 batches there (the warm-up batches' tokens/s are reported too). HF `model.generate` on the same target is one more arm on the default workload. Also reported:
 verified tokens per emitted token per arm, the adaptive arms over the best other arm both as measured and with
 that arm chosen on the other half of the repeats (`held_out_ratio`: the best of several noisy arms is biased up),
 and the speedup the measured step costs predict for each static K (spec/tuning.py).
@@ -34,6 +36,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts
 from rollout.cli import DEFAULT_SCHEDULE
 from rollout.tune import repeats_at
+from spec.closed_batch import NUM_BATCHES
 from spec.tuning import predicted_speedup
 
 STATIC_KS = (1, 2, 4, 8)
@@ -65,16 +68,24 @@ def load(name: str):
 
 
 def run_workload(workload: str, runners: dict, batch_sizes, repeats: int, min_repeats: int,
-                 max_tokens: int) -> dict:
+                 max_tokens: int, warmup: int) -> tuple[dict, dict]:
     """Per batch size and arm: tokens/s over all repeats, mean verified tokens per emitted token, acceptance
-    counts. Each repeat rolls out its own prompts and seed (the same for every arm): how soon a small batch drains
-    depends on the completions drawn, so one prompt set would measure its own luck."""
+    counts; and per batch size, each arm's tokens/s over its untimed warm-up batches there. Each repeat rolls out its
+    own prompts and seed (the same for every arm): how soon a small batch drains depends on the completions drawn,
+    so one prompt set would measure its own luck."""
     make_prompts = WORKLOADS[workload]
     for runner in runners.values():  # untimed: warm caches, and let adaptive arms calibrate once
         runner(make_prompts(16, seed=10_000), SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0))
-    results = {}
+    results, warmups = {}, {}
     for batch_size in batch_sizes:
         names = list(runners)
+        warm = {name: [] for name in names}
+        for repeat in range(warmup):
+            prompts = make_prompts(batch_size, seed=20_000 + 1000 * batch_size + repeat)
+            for name in names:
+                warm[name].append(runners[name](prompts, SamplingParams(temperature=1.0, max_tokens=max_tokens,
+                                                                        seed=10_000 + repeat)))
+        warmups[batch_size] = {name: _summarise(stats)["tokens_per_s"] for name, stats in warm.items() if stats}
         runs = {name: [] for name in names}
         for repeat in range(max(min_repeats, repeats_at(batch_size, repeats))):
             prompts = make_prompts(batch_size, seed=1000 * batch_size + repeat)
@@ -83,7 +94,7 @@ def run_workload(workload: str, runners: dict, batch_sizes, repeats: int, min_re
                 runs[name].append(runners[name](prompts, params))
         results[batch_size] = {name: _summarise(stats) for name, stats in runs.items()}
         print(f"[{workload}] {_row(batch_size, results[batch_size])}", flush=True)
-    return results
+    return results, warmups
 
 
 def _engine_arm(generator: RolloutGenerator):
@@ -205,6 +216,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=24)
     parser.add_argument("--min-repeats", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=NUM_BATCHES,
+                        help="untimed batches per arm at each batch size before the timed ones")
     parser.add_argument("--output-dir", default="examples/results")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's); 1 keeps a shared machine's other jobs from stalling "
@@ -225,9 +238,11 @@ def main() -> None:
         runners = {name: _engine_arm(g) for name, g in generators.items()}
         if workload == "default":
             runners["hf_generate"] = _hf_arm(target, tokenizer)
-        by_batch = run_workload(workload, runners, batch_sizes, args.repeats, args.min_repeats, args.max_tokens)
+        by_batch, warmups = run_workload(workload, runners, batch_sizes, args.repeats, args.min_repeats,
+                                         args.max_tokens, args.warmup)
         acceptance = pooled_acceptance(by_batch, f"K={MAX_K}")
         results[workload] = {b: {"arms": by_batch[b], "verdicts": verdicts(by_batch[b]),
+                                 "warmup_tokens_per_s": warmups[b],
                                  "predicted_speedup": {f"K={k}": predicted_speedup(acceptance, costs, b, k)
                                                        for k in STATIC_KS}} for b in batch_sizes}
         results[workload]["acceptance_rate_per_position"] = acceptance

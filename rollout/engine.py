@@ -6,7 +6,9 @@ and reads k + 1 logits: position j predicts draft j + 1, the last one the bonus 
 slot is cropped back to the invariant: rejected drafts vanish by moving the length back, nothing recomputed.
 
 With adaptive verification (spec/adaptive.py) the proposal is trimmed per request before verification, and
-after it the judged drafts teach the calibrator and the measured times refine the step-cost model.
+after it the judged drafts teach the calibrator and the measured times refine the step-cost model. A run whose
+requests all start at its first step (a closed batch) drafts only where such batches have paid for their drafts
+(spec/closed_batch.py), and its outcome teaches that check.
 """
 
 import time
@@ -18,6 +20,7 @@ from rollout.request import Request
 from rollout.scheduler import Scheduler, StepPlan
 from spec import (AcceptanceStats, AdaptiveVerifier, Proposal, Proposer, SamplingTensors, VerifyResult,
                   rejection_sample)
+from spec.closed_batch import BatchTiming
 
 
 class Engine:
@@ -31,6 +34,8 @@ class Engine:
         self.stats = AcceptanceStats()
         self.num_steps = 0
         self.num_proposed_drafts = 0  # before adaptive trimming; stats.total counts the verified ones
+        self.is_drafting = True  # False: this run's closed batch decodes without drafts (spec/closed_batch.py)
+        self.timing = BatchTiming()
 
     def add(self, request: Request) -> None:
         self.scheduler.add(request)
@@ -41,12 +46,14 @@ class Engine:
 
     def step(self) -> list[Request]:
         """One engine step; returns the requests it finished."""
+        start = time.perf_counter()
         plan = self.scheduler.plan()
         self._prefill(plan)
         self._condense(plan.requests)
         # Rows in slot order: a batch in slots 0 .. n - 1 reads its keys as one slice of the cache, not a gather.
         requests = sorted(plan.requests, key=lambda r: r.slot)
-        num_drafts = [min(plan.k_max, r.room_for_drafts(self.max_model_len)) for r in requests]
+        k_max = plan.k_max if self.is_drafting else 0
+        num_drafts = [min(k_max, r.room_for_drafts(self.max_model_len)) for r in requests]
         uncached = [] if self.adaptive is None else [r.num_tokens - self.runner.seq_len(r.slot) for r in requests]
         req_ids = None if self.adaptive is None else [r.req_id for r in requests]
         if self.adaptive is not None:
@@ -59,13 +66,15 @@ class Engine:
             proposal = self._allocate(req_ids, proposal, uncached, draft_seconds)
         clock = time.perf_counter()
         result = self._verify(requests, proposal)
-        self.stats.observe_step(plan.batch_size, plan.k_max)
+        self.stats.observe_step(plan.batch_size, k_max)
         self.num_steps += 1
         if self.adaptive is not None:  # before the commit, which ends finished requests' adaptive records
             self.adaptive.observe(req_ids, proposal.confidence, result.num_accepted)
         finished = self._commit(requests, proposal, result)
+        verify_seconds = time.perf_counter() - clock
         if self.adaptive is not None:
-            self.adaptive.observe_times(uncached, proposal.num_draft_tokens, time.perf_counter() - clock)
+            self.adaptive.observe_times(uncached, proposal.num_draft_tokens, verify_seconds)
+        self.timing.observe_step(time.perf_counter() - start, draft_seconds, verify_seconds)
         return finished
 
     def _prefill(self, plan: StepPlan) -> None:
@@ -176,9 +185,17 @@ class Engine:
     def run(self, on_finish: Callable[[Request], None] = lambda r: None) -> float:
         """Step until every added request is finished; returns the wall time in seconds."""
         start = time.perf_counter()
+        check = None if self.adaptive is None or self.proposer is None else self.adaptive.closed_batch
+        batch = list(self.scheduler.waiting)
+        is_closed = check is not None and not self.scheduler.running and len(batch) <= self.scheduler.max_num_seqs
+        self.is_drafting = not is_closed or check.allows_drafting(len(batch))
+        self.timing, num_proposed = BatchTiming(), self.num_proposed_drafts
         while self.has_unfinished:
             for request in self.step():
                 on_finish(request)
+        if is_closed:  # a batch that proposed no drafts (the schedule's K = 0, say) measures the model's own error
+            check.observe([len(r.output_ids) for r in batch], self.timing, self.adaptive.costs,
+                          drafted=self.num_proposed_drafts > num_proposed)
         return time.perf_counter() - start
 
 
