@@ -34,7 +34,7 @@ class Engine:
         self.stats = AcceptanceStats()
         self.num_steps = 0
         self.num_proposed_drafts = 0  # before adaptive trimming; stats.total counts the verified ones
-        self.is_drafting = True  # False: this run's closed batch decodes without drafts (spec/closed_batch.py)
+        self.is_drafting_allowed = True  # False: this run's closed batch decodes without drafts (spec/closed_batch.py)
         self.timing = BatchTiming()
 
     def add(self, request: Request) -> None:
@@ -52,7 +52,7 @@ class Engine:
         self._condense(plan.requests)
         # Rows in slot order: a batch in slots 0 .. n - 1 reads its keys as one slice of the cache, not a gather.
         requests = sorted(plan.requests, key=lambda r: r.slot)
-        k_max = plan.k_max if self.is_drafting else 0
+        k_max = plan.k_max if self.is_drafting_allowed else 0
         num_drafts = [min(k_max, r.room_for_drafts(self.max_model_len)) for r in requests]
         uncached = [] if self.adaptive is None else [r.num_tokens - self.runner.seq_len(r.slot) for r in requests]
         req_ids = None if self.adaptive is None else [r.req_id for r in requests]
@@ -188,7 +188,7 @@ class Engine:
         check = None if self.adaptive is None or self.proposer is None else self.adaptive.closed_batch
         batch = list(self.scheduler.waiting)
         is_closed = check is not None and not self.scheduler.running and len(batch) <= self.scheduler.max_num_seqs
-        self.is_drafting = not is_closed or check.allows_drafting(len(batch))
+        self.is_drafting_allowed = not is_closed or check.allows_drafting(len(batch))
         self.timing, num_proposed = BatchTiming(), self.num_proposed_drafts
         while self.has_unfinished:
             for request in self.step():

@@ -161,7 +161,8 @@ class RolloutGenerator:
         num_tokens = sum(len(s.completion_ids) for s in samples)
         total = engine.stats.total
         num_verified = len(total.k_per_step) + total.num_draft_tokens  # each row-step verifies k + 1 tokens
-        adaptive = {} if self.adaptive is None else {**self.adaptive.stats(), "drafting_allowed": engine.is_drafting}
+        adaptive = {} if self.adaptive is None else {**self.adaptive.stats(),
+                                                     "drafting_allowed": engine.is_drafting_allowed}
         stats = {**engine.stats.to_dict(), **adaptive, "num_steps": engine.num_steps,
                  "num_proposed_draft_tokens": engine.num_proposed_drafts, "num_completion_tokens": num_tokens,
                  "verified_tokens_per_emitted_token": num_verified / max(num_tokens, 1),
