@@ -16,10 +16,11 @@ proportionally fewer, at least `--min-repeats` (the machine's timing noise is th
 Adaptive arms keep their calibration and refined costs across calls, as a training run does; every arm runs once
 untimed first, and then `--warmup` untimed batches at each batch size before its timed ones: a training run repeats
 its batch size every step, and adaptive verification's closed-batch check (spec/closed_batch.py) judges a batch size
-by its last 3 batches there (the warm-up batches' tokens/s are reported too). HF `model.generate` on the same target is one more arm on the default workload. Also reported:
-verified tokens per emitted token per arm, the adaptive arms over the best other arm both as measured and with
-that arm chosen on the other half of the repeats (`held_out_ratio`: the best of several noisy arms is biased up),
-and the speedup the measured step costs predict for each static K (spec/tuning.py).
+by its last 3 batches there (the warm-up batches' tokens/s are reported too). HF `model.generate` on the same target
+is one more arm on the default workload. Also reported: verified tokens per emitted token per arm, the adaptive arms
+over the best other arm both as measured and with that arm chosen on the other half of the repeats
+(`held_out_ratio`: the best of several noisy arms is biased up), and the speedup the measured step costs predict for
+each static K (spec/tuning.py).
 Writes bench_speculation.json and bench_speculation.png (default folder: examples/results).
 """
 

@@ -185,7 +185,7 @@ class Engine:
     def run(self, on_finish: Callable[[Request], None] = lambda r: None) -> float:
         """Step until every added request is finished; returns the wall time in seconds."""
         start = time.perf_counter()
-        check = None if self.adaptive is None or self.proposer is None else self.adaptive.closed_batch
+        check = None if self.adaptive is None else self.adaptive.closed_batch
         batch = list(self.scheduler.waiting)
         is_closed = check is not None and not self.scheduler.running and len(batch) <= self.scheduler.max_num_seqs
         self.is_drafting_allowed = not is_closed or check.allows_drafting(len(batch))
