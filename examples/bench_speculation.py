@@ -15,8 +15,8 @@ batch's speed depends on how its completions happen to end, so it gets `--repeat
 proportionally fewer, at least `--min-repeats` (the machine's timing noise is then what is left to average out).
 Adaptive arms keep their calibration and refined costs across calls, as a training run does; every arm runs once
 untimed first, and then `--warmup` untimed batches at each batch size before its timed ones: a training run repeats
-its batch size every step, and adaptive verification's closed-batch check (spec/closed_batch.py) judges a batch size
-by its last 3 batches there (the warm-up batches' tokens/s are reported too). HF `model.generate` on the same target
+its batch size every step, and adaptive verification's closed-batch decisions (spec/closed_batch.py) use a batch
+size's last 3 batches there (the warm-up batches' tokens/s are reported too). HF `model.generate` on the same target
 is one more arm on the default workload. Also reported: verified tokens per emitted token per arm, the adaptive arms
 over the best other arm both as measured and with that arm chosen on the other half of the repeats
 (`held_out_ratio`: the best of several noisy arms is biased up), and the speedup the measured step costs predict for

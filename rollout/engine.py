@@ -7,8 +7,9 @@ slot is cropped back to the invariant: rejected drafts vanish by moving the leng
 
 With adaptive verification (spec/adaptive.py) the proposal is trimmed per request before verification, and
 after it the judged drafts teach the calibrator and the measured times refine the step-cost model. A run whose
-requests all start at its first step (a closed batch) drafts only where such batches have paid for their drafts
-(spec/closed_batch.py), and its outcome teaches that check.
+requests all start at its first step (a closed batch) drafts only where such batches have paid for their drafts, and
+offers at most the K per request that replaying the last ones of its size found fastest (spec/closed_batch.py); its
+outcome teaches both.
 """
 
 import time
@@ -20,7 +21,7 @@ from rollout.request import Request
 from rollout.scheduler import Scheduler, StepPlan
 from spec import (AcceptanceStats, AdaptiveVerifier, Proposal, Proposer, SamplingTensors, VerifyResult,
                   rejection_sample)
-from spec.closed_batch import BatchTiming
+from spec.batch_replay import BatchTiming
 
 
 class Engine:
@@ -34,7 +35,7 @@ class Engine:
         self.stats = AcceptanceStats()
         self.num_steps = 0
         self.num_proposed_drafts = 0  # before adaptive trimming; stats.total counts the verified ones
-        self.is_drafting_allowed = True  # False: this run's closed batch decodes without drafts (spec/closed_batch.py)
+        self.draft_cap: int | None = None  # the run's closed-batch K, 0: no drafts (spec/closed_batch.py); None: no cap
         self.timing = BatchTiming()
 
     def add(self, request: Request) -> None:
@@ -52,7 +53,7 @@ class Engine:
         self._condense(plan.requests)
         # Rows in slot order: a batch in slots 0 .. n - 1 reads its keys as one slice of the cache, not a gather.
         requests = sorted(plan.requests, key=lambda r: r.slot)
-        k_max = plan.k_max if self.is_drafting_allowed else 0
+        k_max = plan.k_max if self.draft_cap is None else min(plan.k_max, self.draft_cap)
         num_drafts = [min(k_max, r.room_for_drafts(self.max_model_len)) for r in requests]
         uncached = [] if self.adaptive is None else [r.num_tokens - self.runner.seq_len(r.slot) for r in requests]
         req_ids = None if self.adaptive is None else [r.req_id for r in requests]
@@ -185,17 +186,17 @@ class Engine:
     def run(self, on_finish: Callable[[Request], None] = lambda r: None) -> float:
         """Step until every added request is finished; returns the wall time in seconds."""
         start = time.perf_counter()
-        check = None if self.adaptive is None else self.adaptive.closed_batch
+        schedule = None if self.adaptive is None else self.adaptive.closed_batch
         batch = list(self.scheduler.waiting)
-        is_closed = check is not None and not self.scheduler.running and len(batch) <= self.scheduler.max_num_seqs
-        self.is_drafting_allowed = not is_closed or check.allows_drafting(len(batch))
-        self.timing, num_proposed = BatchTiming(), self.num_proposed_drafts
+        is_closed = schedule is not None and not self.scheduler.running and len(batch) <= self.scheduler.max_num_seqs
+        self.draft_cap = schedule.k_max(len(batch)) if is_closed else None
+        self.timing = BatchTiming()
         while self.has_unfinished:
             for request in self.step():
                 on_finish(request)
-        if is_closed:  # a batch that proposed no drafts (the schedule's K = 0, say) measures the model's own error
-            check.observe([len(r.output_ids) for r in batch], self.timing, self.adaptive.costs,
-                          drafted=self.num_proposed_drafts > num_proposed)
+        if is_closed:
+            schedule.observe([len(r.output_ids) for r in batch], [r.acceptance for r in batch], self.timing,
+                             self.adaptive.costs, k_limit=self.scheduler.k_for_batch_size(len(batch)))
         return time.perf_counter() - start
 
 

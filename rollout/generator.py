@@ -161,8 +161,7 @@ class RolloutGenerator:
         num_tokens = sum(len(s.completion_ids) for s in samples)
         total = engine.stats.total
         num_verified = len(total.k_per_step) + total.num_draft_tokens  # each row-step verifies k + 1 tokens
-        adaptive = {} if self.adaptive is None else {**self.adaptive.stats(),
-                                                     "drafting_allowed": engine.is_drafting_allowed}
+        adaptive = {} if self.adaptive is None else {**self.adaptive.stats(), "draft_cap": _cap(engine, self.config)}
         stats = {**engine.stats.to_dict(), **adaptive, "num_steps": engine.num_steps,
                  "num_proposed_draft_tokens": engine.num_proposed_drafts, "num_completion_tokens": num_tokens,
                  "verified_tokens_per_emitted_token": num_verified / max(num_tokens, 1),
@@ -195,6 +194,13 @@ class RolloutGenerator:
             return self.vllm.load_weights(named_tensors)
         from rollout.weights import load_weights
         return load_weights(self.runner.model, named_tensors)
+
+
+def _cap(engine: Engine, config: SpecConfig) -> int:
+    """The most drafts per request the call's closed-batch K allowed (spec/closed_batch.py); the config's K where
+    it set none."""
+    k = config.num_speculative_tokens
+    return k if engine.draft_cap is None else min(k, engine.draft_cap)
 
 
 def _as_step_costs(step_costs) -> StepCostModel:

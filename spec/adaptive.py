@@ -44,7 +44,7 @@ import numpy as np
 
 from spec.budget import Budget, choose_budget
 from spec.calibration import ConfidenceCalibrator
-from spec.closed_batch import ClosedBatchCheck
+from spec.closed_batch import ClosedBatchSchedule
 from spec.step_cost import StepCostModel, is_split
 
 CONFIDENCE_FALLBACKS = ("acceptance_rate",)
@@ -88,7 +88,7 @@ class AdaptiveVerifier:
         self.calibrator = calibrator
         self.costs = costs  # set before the first step (the generator profiles it once runners exist)
         self.refine = refine  # refine the costs from measured step times (off for a table the user supplied)
-        self.closed_batch = ClosedBatchCheck()  # whether drafting pays over whole closed batches, per batch size
+        self.closed_batch = ClosedBatchSchedule()  # whether and how deep closed batches draft, per size
         self.rate = 0.0  # expected tokens per second of the last allocation; 0 (draft up to k_max) before one
         self.threshold = 0.0  # survival that pays for one more verified token, at the last allocation
         self._by_batch_size: dict[int, tuple[float, float]] = {}  # log2 batch size -> (rate, threshold) there

@@ -1,82 +1,64 @@
-"""Whether drafting pays over a whole closed batch: adaptive verification's check on its per-step choices.
+"""Closed batches: whether one drafts at all, and how many drafts per request it may offer.
 
 Per step, adaptive verification maximises the step's expected tokens per second (spec/budget.py). A closed batch
 (every request admitted at its first step, none waiting) is not done until its last completion is, and that is not
-the same thing: drafting deep for the requests the drafter predicts well finishes them early, and the requests it
-predicts badly are left to a tail of small steps, where a token costs several times what it costs in a full batch.
-On the benchmark's mixed workload (2-core CPU) each step's predictions held, drafting made the full-batch steps
-emit 13% more tokens per second at 64 requests, and the batch still took 12-17% longer than decoding without drafts
-at 64-256 requests.
+the same thing: drafting deep for the requests the drafter predicts well finishes them early, while the batch waits
+on the ones it predicts badly, in a tail of small steps where a token costs several times what it costs in a full
+batch. On the benchmark's mixed workload (2-core CPU) each step's predictions held, and yet uncapped adaptive
+verification ran at 0.78-0.93 of K = 1-2 drafts for every request at 16-128 requests, and 12-17% behind decoding
+without drafts at 64-256.
 
-So after each closed batch the check compares its measured time with what decoding without drafts would have taken
-on the same completions (verification is lossless: drafting does not change what a seeded batch emits, nor what an
-unseeded one emits in distribution): one token per running request per step, the requests running at step t being
-those whose completion has at least t tokens, each step priced by the step-cost model (verify_cost(n, n)) plus the
-batch's measured time per step outside drafting and verification, and its first step (prompts) as measured less its
-drafting. Per batch size (powers of two) it keeps the log ratio of measured over predicted time of its last
-NUM_BATCHES batches that drafted, and of those that did not (these measure the model's own error, which then
-cancels; 0 until one is seen). Where the median drafted batch came out slower than the median undrafted one, the
-next closed batches of that size decode without drafts, and every RECHECK-th of them drafts again to see whether
-that still holds (the policy being trained, its prompts, a refreshed drafter all change it). A size with fewer than
-NUM_BATCHES drafted batches follows the nearest smaller size that has them (and drafts where none has): per token,
-verification only gets dearer relative to a step's fixed cost as the batch grows.
+So each finished closed batch is replayed (spec/batch_replay.py), and per batch size (powers of two) two decisions
+follow for the next closed batches of that size.
+
+Whether to draft: measured. The log ratio of each batch's measured time over its replay without drafts is kept for
+the last NUM_BATCHES batches that drafted, and for those that did not (these measure the model's own error, which then
+cancels; 0 until one is seen). Where the median drafted batch came out slower than the median undrafted one, the next
+closed batches decode without drafts, and every RECHECK-th of them drafts again to see whether that still holds (the
+policy being trained, its prompts, a refreshed drafter all change it). A size with fewer than NUM_BATCHES drafted
+batches follows the nearest smaller size that has them (and drafts where none has): per token, verification only gets
+dearer relative to a step's fixed cost as the batch grows. Measured, not replayed, because drafting over every prompt
+in a batch's first step costs 20-30% more than the step-cost model says at 64 requests and more.
+
+How deep: replayed. Where it drafts, a batch offers at most the K >= 1 whose replays over the size's last
+NUM_BATCHES batches took least, and adaptive verification trims below it as in any step (as it does below a
+per-batch-size schedule's K); not capped where the largest K they were replayed at is within MARGIN of it (trimming
+per request does better than any uniform cap there: the default workload at 1-16 requests). A size with no batch of
+its own is not capped.
 """
 
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass
 
+from spec.batch_replay import BatchTiming, JudgedSteps, replayed_seconds
+from spec.metrics import RequestAcceptance
 from spec.step_cost import StepCostModel
 
+MARGIN = 0.05  # the replays' best K must beat the largest K by 5% to cap a size: the replays' times were within
+# 0.92-1.07 of the measured ones at each static K at 4-32 requests (mixed workload)
+NUM_BATCHES = 3  # a size's decisions use its last 3 batches: one batch's time is noisy, and the first at a new size
+# can be far off (the benchmark's default workload, 64 requests: a first batch at 0.79 of decoding without drafts,
+# where adaptive verification had averaged 1.10 over a whole benchmark)
 RECHECK = 16  # a size where drafting lost drafts again every RECHECK-th closed batch: at a 12-17% loss, under 1%
-NUM_BATCHES = 3  # a size's verdict is the median of its last 3 drafted batches: one batch's time is noisy, and the
-# first at a new size can be far off (the benchmark's default workload, 64 requests: a first batch at 0.79 of
-# decoding without drafts, where adaptive verification had averaged 1.10 over a whole benchmark)
 
 
-@dataclass
-class BatchTiming:
-    """Measured seconds of one engine run, filled step by step."""
-    seconds: float = 0.0  # every step
-    draft_seconds: float = 0.0  # proposing
-    verify_seconds: float = 0.0  # target forward, rejection sampling, commit
-    first_step_seconds: float = 0.0  # the first step (it prefills the prompts), less its drafting
-    num_steps: int = 0
-
-    def observe_step(self, seconds: float, draft_seconds: float, verify_seconds: float) -> None:
-        if not self.num_steps:
-            self.first_step_seconds = seconds - draft_seconds
-        self.seconds += seconds
-        self.draft_seconds += draft_seconds
-        self.verify_seconds += verify_seconds
-        self.num_steps += 1
-
-
-def undrafted_seconds(lengths: list[int], timing: BatchTiming, costs: StepCostModel) -> float:
-    """Predicted seconds of the same batch decoded without drafts: its first step as measured (less drafting),
-    then steps t = 2 .. max(lengths) of the requests with at least t tokens, each at verify_cost(n, n) plus the run's
-    mean seconds per step outside drafting and verification."""
-    other = (timing.seconds - timing.draft_seconds - timing.verify_seconds) / max(timing.num_steps, 1)
-    seconds = timing.first_step_seconds
-    lengths = sorted(lengths)
-    num_done = 0  # requests with fewer than t tokens
-    for t in range(2, max(lengths, default=0) + 1):
-        while lengths[num_done] < t:
-            num_done += 1
-        running = len(lengths) - num_done
-        seconds += costs.verify_cost(running, running) + other
-    return seconds
-
-
-class ClosedBatchCheck:
-    """Per batch size, whether closed batches that drafted beat those that did not (module docstring)."""
+class ClosedBatchSchedule:
+    """Per batch size, whether closed batches draft, and the most drafts per request they offer (module docstring)."""
 
     def __init__(self):
-        # log2 batch size -> log(measured / predicted undrafted seconds) of its last NUM_BATCHES batches
+        # log2 batch size -> log(measured / replayed undrafted seconds) of its last NUM_BATCHES batches
         self._drafted: dict[int, deque[float]] = {}
         self._undrafted: dict[int, deque[float]] = {}
         self._since_drafted: dict[int, int] = {}  # closed batches of that size run without drafts since one drafted
+        self._replays: dict[int, deque[list[float]]] = {}  # log2 batch size -> replayed seconds at K = 0, 1, ..
+
+    def k_max(self, num_reqs: int) -> int | None:
+        """The most drafts per request a closed batch of num_reqs requests offers; None: no cap."""
+        if not self.allows_drafting(num_reqs):
+            return 0
+        replays = self._replays.get(num_reqs.bit_length())
+        return None if replays is None else best_k(replays)
 
     def allows_drafting(self, num_reqs: int) -> bool:
         """Whether a closed batch of num_reqs requests should draft (module docstring)."""
@@ -87,15 +69,31 @@ class ClosedBatchCheck:
         return self._since_drafted.get(size, 0) + 1 >= RECHECK
 
     def _pays(self, size: int) -> bool:
-        """Drafted batches of this size took no longer, relative to the model's prediction, than undrafted ones."""
+        """Drafted batches of this size took no longer, relative to their replay without drafts, than undrafted ones."""
         undrafted = self._undrafted.get(size)
         return statistics.median(self._drafted[size]) <= (statistics.median(undrafted) if undrafted else 0.0)
 
-    def observe(self, lengths: list[int], timing: BatchTiming, costs: StepCostModel, drafted: bool) -> None:
-        """One finished closed batch: each request's completion length, the run's timing, whether it drafted."""
+    def observe(self, lengths: list[int], records: list[RequestAcceptance], timing: BatchTiming,
+                costs: StepCostModel, k_limit: int) -> None:
+        """One finished closed batch: each request's completion length and acceptance record, the run's timing, and
+        the most drafts per request it could have been allowed (the config's or the schedule's K)."""
         if not lengths or timing.num_steps < 2:
             return
         size = len(lengths).bit_length()
+        judged = JudgedSteps(records)
+        undrafted = replayed_seconds(lengths, None, 0, timing, costs)
+        drafted = len(judged) > 0
         ratios = (self._drafted if drafted else self._undrafted).setdefault(size, deque(maxlen=NUM_BATCHES))
-        ratios.append(math.log(timing.seconds / undrafted_seconds(lengths, timing, costs)))
+        ratios.append(math.log(timing.seconds / undrafted))
         self._since_drafted[size] = 0 if drafted else self._since_drafted.get(size, 0) + 1
+        if drafted and k_limit:
+            seconds = [undrafted] + [replayed_seconds(lengths, judged, k, timing, costs) for k in range(1, k_limit + 1)]
+            self._replays.setdefault(size, deque(maxlen=NUM_BATCHES)).append(seconds)
+
+
+def best_k(replays) -> int | None:
+    """The K >= 1 with the least replayed seconds summed over the batches (up to the least K any of them was allowed);
+    None (no cap) where the largest K is within MARGIN of it."""
+    totals = [sum(seconds) for seconds in zip(*replays)]
+    best = min(range(1, len(totals)), key=totals.__getitem__, default=None)
+    return best if best is not None and totals[best] * (1 + MARGIN) < totals[-1] else None

@@ -25,6 +25,7 @@ class RequestAcceptance:
     num_drafted_per_position: list[int] = field(default_factory=list)
     num_accepted_per_position: list[int] = field(default_factory=list)
     k_per_step: list[int] = field(default_factory=list)  # drafts offered at each step, 0 included
+    num_accepted_per_step: list[int] = field(default_factory=list)  # of them accepted, at each step
 
     @classmethod
     def sized(cls, num_speculative_tokens: int) -> "RequestAcceptance":
@@ -36,6 +37,7 @@ class RequestAcceptance:
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         assert 0 <= num_accepted <= num_drafted
         self.k_per_step.append(num_drafted)
+        self.num_accepted_per_step.append(num_accepted)
         if num_drafted == 0:
             return
         self.num_spec_steps += 1
@@ -69,6 +71,7 @@ class RequestAcceptance:
             "num_drafted_per_position": list(self.num_drafted_per_position),
             "num_accepted_per_position": list(self.num_accepted_per_position),
             "k_per_step": list(self.k_per_step),
+            "num_accepted_per_step": list(self.num_accepted_per_step),
         }
 
 
@@ -93,6 +96,7 @@ class AcceptanceStats:
             for i, count in enumerate(theirs):
                 mine[i] += count
         t.k_per_step.extend(record.k_per_step)
+        t.num_accepted_per_step.extend(record.num_accepted_per_step)
 
     def observe_step(self, batch_size: int, k: int) -> None:
         """The engine ran a step of `batch_size` requests with K = k from the schedule."""
@@ -120,6 +124,7 @@ class AcceptanceStats:
     def to_dict(self) -> dict:
         total = self.total.to_dict()
         k_offered = Counter(total.pop("k_per_step"))
+        del total["num_accepted_per_step"]  # per request only: the histogram sums it up
         return {
             **total,
             "k_offered_histogram": {k: k_offered[k] for k in sorted(k_offered)},

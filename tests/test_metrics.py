@@ -16,6 +16,7 @@ def test_request_record_by_hand():
     assert d["num_drafted_per_position"] == [3, 3, 2]
     assert d["num_accepted_per_position"] == [2, 1, 1]
     assert d["k_per_step"] == [3, 3, 0, 2]
+    assert d["num_accepted_per_step"] == [3, 1, 0, 0]
     assert d["mean_acceptance_length"] == pytest.approx(1 + 4 / 3)  # includes the bonus token
     assert d["draft_acceptance_rate"] == pytest.approx(0.5)
 
@@ -67,3 +68,4 @@ def test_aggregate_metrics_and_k_per_batch_size():
     d = stats.to_dict()
     assert d["k_per_batch_size"] == {1: {4: 2}, 8: {2: 1}, 40: {0: 1}}
     assert d["k_offered_histogram"] == {2: 1, 4: 1}
+    assert "num_accepted_per_step" not in d  # per request only
