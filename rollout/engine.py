@@ -8,8 +8,8 @@ slot is cropped back to the invariant: rejected drafts vanish by moving the leng
 With adaptive verification (spec/adaptive.py) the proposal is trimmed per request before verification, and
 after it the judged drafts teach the calibrator and the measured times refine the step-cost model. A run whose
 requests all start at its first step (a closed batch) drafts only where such batches have paid for their drafts, and
-offers at most the K per request that replaying the last ones of its size found fastest (spec/closed_batch.py); its
-outcome teaches both.
+where replaying the last ones of its size found a K fastest, offers that K to every request, untrimmed
+(spec/closed_batch.py); its outcome teaches both.
 """
 
 import time
@@ -63,7 +63,8 @@ class Engine:
         proposal = self._propose(requests, num_drafts)
         drafted, draft_seconds = proposal.num_draft_tokens, time.perf_counter() - clock
         self.num_proposed_drafts += sum(drafted)
-        if self.adaptive is not None:  # with no drafts too: the step's rate prices the next step's drafting
+        if self.adaptive is not None and self.adaptive.trims:
+            # with no drafts too: the step's rate prices the next step's drafting
             proposal = self._allocate(req_ids, proposal, uncached, draft_seconds)
         clock = time.perf_counter()
         result = self._verify(requests, proposal)
@@ -190,6 +191,8 @@ class Engine:
         batch = list(self.scheduler.waiting)
         is_closed = schedule is not None and not self.scheduler.running and len(batch) <= self.scheduler.max_num_seqs
         self.draft_cap = schedule.k_max(len(batch)) if is_closed else None
+        if self.adaptive is not None:  # under a closed batch's cap, every request is offered it (spec/closed_batch.py)
+            self.adaptive.trims = self.draft_cap is None
         self.timing = BatchTiming()
         while self.has_unfinished:
             for request in self.step():

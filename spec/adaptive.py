@@ -89,6 +89,7 @@ class AdaptiveVerifier:
         self.costs = costs  # set before the first step (the generator profiles it once runners exist)
         self.refine = refine  # refine the costs from measured step times (off for a table the user supplied)
         self.closed_batch = ClosedBatchSchedule()  # whether and how deep closed batches draft, per size
+        self.trims = True  # False in a closed batch under its cap: every request gets every draft up to k_max
         self.rate = 0.0  # expected tokens per second of the last allocation; 0 (draft up to k_max) before one
         self.threshold = 0.0  # survival that pays for one more verified token, at the last allocation
         self._by_batch_size: dict[int, tuple[float, float]] = {}  # log2 batch size -> (rate, threshold) there
@@ -127,6 +128,8 @@ class AdaptiveVerifier:
     def keep_drafting(self, req_ids: list[int], confidences: list[list[float]]) -> list[bool]:
         """Per request (its id, the raw confidences of its drafts so far, none before the first): does it get one
         more draft?"""
+        if not self.trims:
+            return [True] * len(confidences)
         now = time.perf_counter()
         if self._extension is not None:
             self._extension_times.append((self._extension[0], now - self._extension[1]))

@@ -20,11 +20,14 @@ batches follows the nearest smaller size that has them (and drafts where none ha
 dearer relative to a step's fixed cost as the batch grows. Measured, not replayed, because drafting over every prompt
 in a batch's first step costs 20-30% more than the step-cost model says at 64 requests and more.
 
-How deep: replayed. Where it drafts, a batch offers at most the K >= 1 whose replays over the size's last
-NUM_BATCHES batches took least, and adaptive verification trims below it as in any step (as it does below a
-per-batch-size schedule's K); not capped where the largest K they were replayed at is within MARGIN of it (trimming
-per request does better than any uniform cap there: the default workload at 1-16 requests). A size with no batch of
-its own is not capped.
+How deep: replayed. Where it drafts, a batch offers every request the K >= 1 whose replays over the size's last
+NUM_BATCHES batches took least, untrimmed; not capped where the largest K they were replayed at is within MARGIN of it
+(there adaptive verification trims per request as in any step; on the default workload at 1-16 requests that did
+better than any uniform cap). Untrimmed, because per-request trimming is what loses in a closed batch: it cuts the
+drafts of the requests the drafter predicts badly, which are the ones the batch waits on. Capped at the best K and
+trimming below it, adaptive verification ran 2-9% behind that K for every request (mixed workload, 16 requests);
+offered the cap untrimmed, at 0.97-0.99 of the best arm at 2-256 requests. A size with no batch of its own is not
+capped.
 """
 
 import math

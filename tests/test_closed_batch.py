@@ -107,9 +107,9 @@ def test_where_drafting_lost_the_replays_do_not_bring_it_back():
     assert schedule.k_max(4) == 0
 
 
-def _adaptive(target, draft, max_num_seqs=4):
+def _adaptive(target, draft, max_num_seqs=4, draft_seconds=0.01):
     config = {"method": "draft_model", "num_speculative_tokens": 3, "enable_adaptive_verification": True}
-    flat = {"verify": {n: {n: 1.0, 4 * n: 1.0} for n in (1, 2, 4)}, "draft": {1: 0.01, 4: 0.01}}  # drafts are free
+    flat = {"verify": {n: {n: 1.0, 4 * n: 1.0} for n in (1, 2, 4)}, "draft": {1: draft_seconds, 4: draft_seconds}}
     return RolloutGenerator(target, speculative_config=config, draft_model=draft, max_num_seqs=max_num_seqs,
                             max_model_len=64, step_costs=flat)
 
@@ -141,16 +141,19 @@ def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(
     assert fresh.adaptive.closed_batch.allows_drafting(3) and fresh.adaptive.closed_batch.k_max(3) is None
 
 
-def test_the_engine_caps_a_closed_batch_at_its_size_s_k(target, draft):
+def test_under_its_cap_a_closed_batch_offers_every_request_the_cap_untrimmed(target, draft):
     prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9]]
     plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(prompts, 1, GREEDY, use_tqdm=False)
-    generator = _adaptive(target, draft)
+    generator = _adaptive(target, draft, draft_seconds=10.0)  # per step, a draft forward would never pay
+    open_batch = generator.generate(prompts + prompts[:2], 1, GREEDY, use_tqdm=False)  # 5 > max_num_seqs: not closed
+    assert open_batch.stats["draft_cap"] == 3  # no cap: the per-step policy trims, from its second step on
+    assert all(0 in s.acceptance["k_per_step"][1:-1] for s in open_batch.samples)
     _observe(generator.adaptive.closed_batch, LONG[:3], 1.0, drafted=True, costs=_flat(0.3), records=SIX_IN_TEN[:3],
              k_limit=3)  # size 3: K = 1
     batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
     assert batch.stats["draft_cap"] == 1 and batch.metrics["spec/draft_cap"] == 1.0
-    assert max(k for s in batch.samples for k in s.acceptance["k_per_step"]) == 1
-    assert batch.stats["num_proposed_draft_tokens"] > 0
+    # every step but the last, where the request had no room left for a draft (max_tokens)
+    assert all(s.acceptance["k_per_step"][:-1] == [1] * (len(s.acceptance["k_per_step"]) - 1) for s in batch.samples)
     assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
 
 
