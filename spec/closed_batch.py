@@ -26,8 +26,8 @@ NUM_BATCHES batches took least, untrimmed; not capped where the largest K they w
 better than any uniform cap). Untrimmed, because per-request trimming is what loses in a closed batch: it cuts the
 drafts of the requests the drafter predicts badly, which are the ones the batch waits on. Capped at the best K and
 trimming below it, adaptive verification ran 2-9% behind that K for every request (mixed workload, 16 requests);
-offered the cap untrimmed, at 0.97-0.99 of the best arm at 2-256 requests. A size with no batch of its own is not
-capped.
+offering the cap untrimmed, adaptive verification ran at 0.97-0.99 of the best arm on the mixed workload at 2-256
+requests. A size with no batch of its own is not capped.
 """
 
 import math
@@ -47,7 +47,7 @@ RECHECK = 16  # a size where drafting lost drafts again every RECHECK-th closed 
 
 
 class ClosedBatchSchedule:
-    """Per batch size, whether closed batches draft, and the most drafts per request they offer (module docstring)."""
+    """Per batch size, whether closed batches draft, and the K they offer every request (module docstring)."""
 
     def __init__(self):
         # log2 batch size -> log(measured / replayed undrafted seconds) of its last NUM_BATCHES batches
@@ -57,7 +57,8 @@ class ClosedBatchSchedule:
         self._replays: dict[int, deque[list[float]]] = {}  # log2 batch size -> replayed seconds at K = 0, 1, ..
 
     def k_max(self, num_reqs: int) -> int | None:
-        """The most drafts per request a closed batch of num_reqs requests offers; None: no cap."""
+        """The K a closed batch of num_reqs requests offers every request, untrimmed (0: no drafts); None: no cap,
+        adaptive verification trims per request up to the config's or the schedule's K."""
         if not self.allows_drafting(num_reqs):
             return 0
         replays = self._replays.get(num_reqs.bit_length())
