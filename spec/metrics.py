@@ -95,8 +95,7 @@ class AcceptanceStats:
             _grow(mine, len(theirs))
             for i, count in enumerate(theirs):
                 mine[i] += count
-        t.k_per_step.extend(record.k_per_step)
-        t.num_accepted_per_step.extend(record.num_accepted_per_step)
+        t.k_per_step.extend(record.k_per_step)  # num_accepted_per_step stays per request: the histogram sums it up
 
     def observe_step(self, batch_size: int, k: int) -> None:
         """The engine ran a step of `batch_size` requests with K = k from the schedule."""
@@ -124,7 +123,7 @@ class AcceptanceStats:
     def to_dict(self) -> dict:
         total = self.total.to_dict()
         k_offered = Counter(total.pop("k_per_step"))
-        del total["num_accepted_per_step"]  # per request only: the histogram sums it up
+        del total["num_accepted_per_step"]  # per request only (empty here)
         return {
             **total,
             "k_offered_histogram": {k: k_offered[k] for k in sorted(k_offered)},

@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 
-from spec import RequestAcceptance, StepCostModel
+from replay_testing import COSTS, record
+from spec import RequestAcceptance
 from spec.batch_replay import BatchTiming, JudgedSteps, replayed_seconds
-
-COSTS = StepCostModel({1: {1: 1.0, 2: 1.5}, 2: {2: 2.0, 4: 3.0}, 4: {4: 3.0, 8: 5.0}}, {1: 0.1, 4: 0.2})
 
 
 def _timing(first: float = 4.0, other: float = 0.5) -> BatchTiming:
@@ -18,33 +17,25 @@ def _timing(first: float = 4.0, other: float = 0.5) -> BatchTiming:
     return timing
 
 
-def _record(outcomes: list[tuple[int, int]]) -> RequestAcceptance:
-    """A request's acceptance record from (drafts offered, accepted) per step."""
-    record = RequestAcceptance.sized(max(k for k, _ in outcomes))
-    for offered, accepted in outcomes:
-        record.observe(offered, accepted)
-    return record
-
-
 def _accepted(records: list, k: int, num_replays: int = 200, num_steps: int = 20) -> np.ndarray:
     """Drafts accepted per replayed step at K = k: (replays, requests, steps)."""
     return JudgedSteps(records).accepted_at(k, (num_replays, len(records), num_steps), np.random.default_rng(0))
 
 
 def test_a_replayed_step_replays_a_judged_one_and_a_rejection_ends_it_at_any_k():
-    rejected_at_2 = [_record([(3, 1)] * 4)]  # drafts offered at 0 steps are not judged
+    rejected_at_2 = [record([(3, 1)] * 4)]  # drafts offered at 0 steps are not judged
     assert all((_accepted(rejected_at_2, k) == 1).all() for k in (1, 2, 3, 8))
-    sure = [_record([(1, 1)] * 5)] * 2  # all accepted: a step goes on with another one while K has room
+    sure = [record([(1, 1)] * 5)] * 2  # all accepted: a step goes on with another one while K has room
     assert all((_accepted(sure, k) == k).all() for k in (1, 2, 5))
 
 
 def test_a_step_whose_drafts_were_all_accepted_goes_on_with_another_drawn_step():
     # Half the steps accept both drafts, half none. At K = 4: 0 (half), else 2 plus 0 or 2 (a quarter each): mean 1.5
     # (sd 1.66 a step; over 4000 steps the mean's sd is 0.026, so 0.1 is 4 of them).
-    accepted = _accepted([_record([(2, 2), (2, 0)] * 5)], 4)
+    accepted = _accepted([record([(2, 2), (2, 0)] * 5)], 4)
     assert set(np.unique(accepted)) == {0, 2, 4}
     assert accepted.mean() == pytest.approx(1.5, abs=0.1)
-    assert _accepted([_record([(2, 2), (2, 0)] * 5)], 1).mean() == pytest.approx(0.5, abs=0.05)
+    assert _accepted([record([(2, 2), (2, 0)] * 5)], 1).mean() == pytest.approx(0.5, abs=0.05)
 
 
 def test_a_request_with_few_judged_steps_draws_from_the_batch_s_too():
@@ -52,11 +43,11 @@ def test_a_request_with_few_judged_steps_draws_from_the_batch_s_too():
     # a prior of 2), the batch's 20 (18 accepted) otherwise: mean 0.5 x 0.9 = 0.45 at K = 1 (sd of the mean over its
     # 4000 replayed steps 0.008); the first its own 18 of 20 times: 0.9 + 0.1 x 0.9 = 0.99. A request never offered
     # drafts replays the batch's alone (0.9).
-    accepted = _accepted([_record([(1, 1)] * 18), _record([(1, 0)] * 2), _record([(0, 0)] * 3)], 1)
+    accepted = _accepted([record([(1, 1)] * 18), record([(1, 0)] * 2), record([(0, 0)] * 3)], 1)
     assert accepted[:, 0].mean() == pytest.approx(0.99, abs=0.01)
     assert accepted[:, 1].mean() == pytest.approx(0.45, abs=0.03)
     assert accepted[:, 2].mean() == pytest.approx(0.9, abs=0.03)
-    assert len(JudgedSteps([_record([(0, 0)] * 3), RequestAcceptance()])) == 0
+    assert len(JudgedSteps([record([(0, 0)] * 3), RequestAcceptance()])) == 0
 
 
 def test_a_replay_without_drafts_is_the_first_step_then_one_token_per_running_request_per_step():
@@ -68,7 +59,7 @@ def test_a_replay_without_drafts_is_the_first_step_then_one_token_per_running_re
     assert COSTS.verify_cost(3, 3) == pytest.approx(2.5)  # between the 2- and 4-row curves at 1 token per row
 
 
-SURE, NEVER = JudgedSteps([_record([(1, 1)] * 3)] * 4), JudgedSteps([_record([(1, 0)] * 3)] * 4)
+SURE, NEVER = JudgedSteps([record([(1, 1)] * 3)] * 4), JudgedSteps([record([(1, 0)] * 3)] * 4)
 
 
 def test_a_replay_with_sure_drafts_emits_k_plus_one_tokens_a_step():

@@ -1,23 +1,13 @@
 """Closed batches: whether they draft (measured against their replay without drafts), how deep (replayed), and the
 engine running both."""
 
-import pytest
-
+from replay_testing import COSTS, record
 from rollout import RolloutGenerator, SamplingParams
 from spec import RequestAcceptance, StepCostModel
 from spec.batch_replay import BatchTiming, replayed_seconds
 from spec.closed_batch import MARGIN, NUM_BATCHES, RECHECK, ClosedBatchSchedule
 
-COSTS = StepCostModel({1: {1: 1.0, 2: 1.5}, 2: {2: 2.0, 4: 3.0}, 4: {4: 3.0, 8: 5.0}}, {1: 0.1, 4: 0.2})
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
-
-
-def _record(outcomes: list[tuple[int, int]]) -> RequestAcceptance:
-    """A request's acceptance record from (drafts offered, accepted) per step."""
-    record = RequestAcceptance.sized(max(k for k, _ in outcomes))
-    for offered, accepted in outcomes:
-        record.observe(offered, accepted)
-    return record
 
 
 def _timing(lengths: list[int], ratio: float, costs: StepCostModel = COSTS) -> BatchTiming:
@@ -35,7 +25,7 @@ def _observe(schedule: ClosedBatchSchedule, lengths: list[int], ratio: float, dr
     """A closed batch that took `ratio` times its replay without drafts; with drafts, every one accepted unless
     `records` says otherwise."""
     if records is None:
-        records = [_record([(1, 1)]) if drafted else RequestAcceptance() for _ in lengths]
+        records = [record([(1, 1)]) if drafted else RequestAcceptance() for _ in lengths]
     schedule.observe(lengths, records, _timing(lengths, ratio, costs), costs, k_limit)
 
 
@@ -80,7 +70,7 @@ def _flat(draft_seconds: float) -> StepCostModel:
 
 # Drafts accepted at 0.6; 4 requests of 40 tokens (the batch waits on its slowest). At 0.3 s a draft forward,
 # K = 0-3 replay at 40, 35.4, 37.4, 41.8 s (spec/batch_replay.py): K = 1 beats K = 3 by 18%, beyond the margin.
-SIX_IN_TEN = [_record(([(1, 1)] * 3 + [(1, 0)] * 2) * 4)] * 4
+SIX_IN_TEN = [record(([(1, 1)] * 3 + [(1, 0)] * 2) * 4)] * 4
 LONG = [40] * 4
 assert MARGIN < 0.18
 

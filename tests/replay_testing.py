@@ -1,0 +1,13 @@
+"""Shared pieces of the closed-batch tests: a step-cost table and acceptance records built from their steps."""
+
+from spec import RequestAcceptance, StepCostModel
+
+COSTS = StepCostModel({1: {1: 1.0, 2: 1.5}, 2: {2: 2.0, 4: 3.0}, 4: {4: 3.0, 8: 5.0}}, {1: 0.1, 4: 0.2})
+
+
+def record(outcomes: list[tuple[int, int]]) -> RequestAcceptance:
+    """A request's acceptance record from (drafts offered, accepted) per step."""
+    acceptance = RequestAcceptance.sized(max(k for k, _ in outcomes))
+    for offered, accepted in outcomes:
+        acceptance.observe(offered, accepted)
+    return acceptance
