@@ -57,7 +57,7 @@ class Engine:
         num_drafts = [min(k_max, r.room_for_drafts(self.max_model_len)) for r in requests]
         uncached = [] if self.adaptive is None else [r.num_tokens - self.runner.seq_len(r.slot) for r in requests]
         req_ids = None if self.adaptive is None else [r.req_id for r in requests]
-        if self.adaptive is not None:
+        if self.adaptive is not None and self.adaptive.trims:
             self.adaptive.begin_step(len(requests), sum(uncached))
         clock = time.perf_counter()
         proposal = self._propose(requests, num_drafts)
@@ -76,7 +76,8 @@ class Engine:
         verify_seconds = time.perf_counter() - clock
         if self.adaptive is not None:
             self.adaptive.observe_times(uncached, proposal.num_draft_tokens, verify_seconds)
-        self.timing.observe_step(time.perf_counter() - start, draft_seconds, verify_seconds)
+        self.timing.observe_step(time.perf_counter() - start, draft_seconds, verify_seconds,
+                                 sum(proposal.num_draft_tokens))
         return finished
 
     def _prefill(self, plan: StepPlan) -> None:
@@ -198,8 +199,10 @@ class Engine:
             for request in self.step():
                 on_finish(request)
         if is_closed:
-            schedule.observe([len(r.output_ids) for r in batch], [r.acceptance for r in batch], self.timing,
-                             self.adaptive.costs, k_limit=self.scheduler.k_for_batch_size(len(batch)))
+            schedule.observe([len(r.output_ids) for r in batch],
+                             [min(r.params.max_tokens, self.max_model_len - len(r.prompt_ids)) for r in batch],
+                             [r.acceptance for r in batch], self.timing, self.adaptive.costs,
+                             k_limit=self.scheduler.k_for_batch_size(len(batch)))
         return time.perf_counter() - start
 
 

@@ -89,7 +89,8 @@ class AdaptiveVerifier:
         self.costs = costs  # set before the first step (the generator profiles it once runners exist)
         self.refine = refine  # refine the costs from measured step times (off for a table the user supplied)
         self.closed_batch = ClosedBatchSchedule()  # whether and how deep closed batches draft, per size
-        self.trims = True  # False in a closed batch under its cap: every request gets every draft up to k_max
+        self.trims = True  # False in a closed batch under its cap: every request gets every draft up to k_max, and
+        # no step is planned (begin_step, allocate); observe hands the calibrator the judged drafts
         self.rate = 0.0  # expected tokens per second of the last allocation; 0 (draft up to k_max) before one
         self.threshold = 0.0  # survival that pays for one more verified token, at the last allocation
         self._by_batch_size: dict[int, tuple[float, float]] = {}  # log2 batch size -> (rate, threshold) there
@@ -210,16 +211,20 @@ class AdaptiveVerifier:
         positions, raw, accepted = self._judged
         self._step += 1
         rows = [row for row, conf in enumerate(confidences) if conf]  # a record without drafts only fades (lazily)
-        ids = [req_ids[row] for row in rows]
-        for req_id, row, drafts in zip(ids, rows, self._calibrated(ids, [confidences[row] for row in rows])):
-            conf, n = confidences[row], num_accepted[row]
-            judged = min(n + 1, len(conf))
-            accepted_before, predicted_before = self._faded(req_id)
-            self._requests[req_id] = [accepted_before + n, predicted_before + sum(drafts.values[:judged]), self._step]
-            positions.extend(range(judged))
-            raw.extend(conf[:judged])
-            accepted.extend([True] * n + [False] * (judged - n))  # judged - n: 0 or 1
-        self._drafts = {}  # the factors changed
+        judged = [min(num_accepted[row] + 1, len(confidences[row])) for row in rows]
+        for row, count in zip(rows, judged):
+            n = num_accepted[row]
+            positions.extend(range(count))
+            raw.extend(confidences[row][:count])
+            accepted.extend([True] * n + [False] * (count - n))  # count - n: 0 or 1
+        if self.trims:  # only trimming reads the factors (a closed batch's requests under its cap end with it)
+            ids = [req_ids[row] for row in rows]
+            for req_id, row, count, drafts in zip(ids, rows, judged,
+                                                  self._calibrated(ids, [confidences[row] for row in rows])):
+                accepted_before, predicted_before = self._faded(req_id)
+                self._requests[req_id] = [accepted_before + num_accepted[row],
+                                          predicted_before + sum(drafts.values[:count]), self._step]
+            self._drafts = {}  # the factors changed
         if len(positions) >= max(_OBSERVE_BATCH, self.calibrator.num_observations // 16):
             self._calibrate()
 

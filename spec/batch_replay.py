@@ -7,16 +7,21 @@ offered drafts (how many were offered, how many accepted), or with weight PRIOR_
 rejected at position j ends the step's run at j - 1 whatever K is; a step whose drafts were all accepted goes on, where
 K is larger, with another drawn step. Resampling whole steps keeps the runs of easy tokens that a per-request
 acceptance rate loses: with a geometric rate per request, the replay of the default workload's batch of 16 ran 9.3
-steps where the batch ran 8.5 at K = 8, and priced K = 8 22% above its measured time. REPLAYS Monte Carlo runs on
-common random numbers. A replayed step costs the step-cost model's K draft forwards and K + 1 tokens per running
-request to verify, plus the batch's measured time per step outside drafting and verification; its first step
-(prompts) is the measured one less drafting, plus the K drafts' forwards and verification. At K = 0 that is one token
-per running request per step, and no draws.
+steps where the batch ran 8.5 at K = 8, and priced K = 8 22% above its measured time. REPLAYS Monte Carlo runs; every
+K replays the same draws, made once at the largest K and cut at each smaller one.
 
-Measured (2-core CPU): from uncapped adaptive batches' records at 4-64 requests on both workloads (5 batches each, the
-same completions timed at every static K), the replay's fastest K was the measured fastest or within 1% of it, and
-its times were within 0.92-1.07 of the measured ones at each K at 4-32 requests (mixed workload). Replaying K = 0-8
-takes 2 ms after a batch of 16 requests, about 50 after one of 256 (1-3% of such a batch's time).
+A replayed step drafts, for each running request, K drafts or as many as its room allows if fewer (max_tokens and
+max_model_len: k drafts emit up to k + 1 tokens), as the engine does; a drafter that drafts its request's stop token
+stops there, which the replay does not foresee. It costs the step-cost model's draft forwards over the rows still
+drafting at each depth, and verifying one token per running request plus its drafts, plus the batch's measured time
+per step outside drafting and verification. Its first step (prompts) is the measured one less its drafting and its
+drafts' verification, plus the replayed drafts' forwards and verification. At K = 0 that is one token per running
+request per step, and no draws.
+
+Measured (2-core CPU, 8 requests, 8 batches timed at each static K): the replays of the batches run at K = 4 and
+K = 8 priced K = 0-8 at 0.94-1.09 of their measured times on the default workload (K = 8 at 1.07-1.09, K = 4 at
+0.95-0.99), and at 0.98-1.14 on the mixed one (K = 8 at 1.12-1.14, K = 2 at 1.00-1.05). Replaying K = 0-8 takes 1 ms
+after a batch of 2 requests, 2 ms after one of 16, 24 after one of 256.
 """
 
 from dataclasses import dataclass
@@ -39,11 +44,12 @@ class BatchTiming:
     draft_seconds: float = 0.0  # proposing
     verify_seconds: float = 0.0  # target forward, rejection sampling, commit
     first_step_seconds: float = 0.0  # the first step (it prefills the prompts), less its drafting
+    first_step_drafts: int = 0  # drafts the first step verified
     num_steps: int = 0
 
-    def observe_step(self, seconds: float, draft_seconds: float, verify_seconds: float) -> None:
+    def observe_step(self, seconds: float, draft_seconds: float, verify_seconds: float, num_drafts: int = 0) -> None:
         if not self.num_steps:
-            self.first_step_seconds = seconds - draft_seconds
+            self.first_step_seconds, self.first_step_drafts = seconds - draft_seconds, num_drafts
         self.seconds += seconds
         self.draft_seconds += draft_seconds
         self.verify_seconds += verify_seconds
@@ -90,30 +96,32 @@ class JudgedSteps:
         return self.offered[index], self.accepted[index]
 
 
-def replayed_seconds(lengths: list[int], judged: JudgedSteps | None, k: int, timing: BatchTiming,
-                     costs: StepCostModel) -> float:
-    """Mean seconds of REPLAYS replays of the batch with k drafts offered to every running request per step
-    (module docstring)."""
-    lengths = np.asarray(lengths)
+def replayed_seconds(lengths: list[int], max_lengths: list[int], judged: JudgedSteps | None, k_max: int,
+                     timing: BatchTiming, costs: StepCostModel) -> list[float]:
+    """Mean seconds of REPLAYS replays of the batch with k drafts offered to every running request per step, for
+    k = 0 .. k_max (module docstring); lengths: the completions', max_lengths: the most each request had room for.
+    Every k replays the same drawn steps (the accepted run of a draw at k_max, cut at k, is the run a draw at k would
+    have found), so their differences are not the draws' noise."""
+    lengths, max_lengths = np.asarray(lengths), np.asarray(max_lengths)
     num_reqs, longest = len(lengths), int(lengths.max())
-    if k:
-        accepted = judged.accepted_at(k, (REPLAYS, num_reqs, longest), np.random.default_rng(_SEED))
-        emitted = np.cumsum(accepted + 1, axis=2)  # tokens after each step
-    else:
-        emitted = np.broadcast_to(np.arange(1, longest + 1), (1, num_reqs, longest))
-    num_steps = (emitted < lengths[None, :, None]).sum(2) + 1  # steps each request runs
-    other = timing.other_seconds_per_step
-    first = timing.first_step_seconds
-    if k:
-        first += costs.draft_cost([num_reqs] * k) + costs.verify_cost(num_reqs, num_reqs * (k + 1))
-        first -= costs.verify_cost(num_reqs, num_reqs)
-    step_cost = {}
-    total = 0.0
-    for steps in num_steps:
-        running = np.bincount(steps, minlength=longest + 1)[::-1].cumsum()[::-1]  # [t]: requests with >= t steps
-        for m in running[2:steps.max() + 1].tolist():
-            if m not in step_cost:
-                step_cost[m] = other + costs.verify_cost(m, m * (k + 1)) + costs.draft_cost([m] * k)
-            total += step_cost[m]
-        total += first
-    return total / len(num_steps)
+    runs = np.zeros((1, num_reqs, longest), dtype=np.int64) if not k_max else \
+        judged.accepted_at(k_max, (REPLAYS, num_reqs, longest), np.random.default_rng(_SEED))
+    forward = np.array([0.0, *costs.draft_forward_costs(num_reqs)])  # [m]: one draft forward of m rows
+    seconds = []
+    for k in range(k_max + 1):
+        advance = np.minimum(runs, k) + 1  # tokens each step emits, while its request runs
+        before = np.cumsum(advance, axis=2) - advance  # tokens before each step
+        running = before < lengths[:, None]
+        drafts = np.where(running, np.minimum(k, max_lengths[:, None] - before - 1), 0)  # room for k + 1 tokens
+        rows, tokens = running.sum(1), (running + drafts).sum(1)  # [replay, step]
+        drafting = sum((forward[(drafts >= depth).sum(1)] for depth in range(1, k + 1)), np.zeros(rows.shape))
+        first = timing.first_step_seconds + drafting[0, 0] + costs.verify_cost(num_reqs, tokens[0, 0]) - \
+            costs.verify_cost(num_reqs, num_reqs + timing.first_step_drafts)
+        later = rows[:, 1:] > 0
+        shapes, where = np.unique(rows[:, 1:][later] * (num_reqs * (k + 1) + 1) + tokens[:, 1:][later],
+                                  return_inverse=True)  # each step's (rows, tokens), as one number
+        verify = np.array([costs.verify_cost(*divmod(shape, num_reqs * (k + 1) + 1)) for shape in shapes.tolist()])
+        total = verify[where].sum() + drafting[:, 1:][later].sum() + \
+            timing.other_seconds_per_step * later.sum()
+        seconds.append(first + total / len(rows))
+    return seconds

@@ -20,14 +20,15 @@ batches follows the nearest smaller size that has them (and drafts where none ha
 dearer relative to a step's fixed cost as the batch grows. Measured, not replayed, because drafting over every prompt
 in a batch's first step costs 20-30% more than the step-cost model says at 64 requests and more.
 
-How deep: replayed. Where it drafts, a batch offers every request the K >= 1 whose replays over the size's last
-NUM_BATCHES batches took least, untrimmed; not capped where the largest K they were replayed at is within MARGIN of it
-(there adaptive verification trims per request as in any step; on the default workload at 1-16 requests that did
-better than any uniform cap). Untrimmed, because per-request trimming is what loses in a closed batch: it cuts the
-drafts of the requests the drafter predicts badly, which are the ones the batch waits on. Capped at the best K and
-trimming below it, adaptive verification ran 2-9% behind that K for every request (mixed workload, 16 requests);
-offering the cap untrimmed, adaptive verification ran at 0.97-0.99 of the best arm on the mixed workload at 2-256
-requests. A size with no batch of its own is not capped.
+How deep: replayed. Where it drafts, a batch offers every request, untrimmed, the K >= 1 whose replays over the size's
+last NUM_BATCHES batches took least, or the largest K they were replayed at where that is within MARGIN of it: the
+replays price deep drafting a little high (module docstring of spec/batch_replay.py). Untrimmed, because per-request
+trimming is what loses in a closed batch: it cuts the drafts of the requests the drafter predicts badly, which are the
+ones the batch waits on, and each step's rate counts a token of any request alike, where the batch's time is its slowest
+request's steps. Capped at the best K and trimming below it, adaptive verification ran 2-9% behind that K for every
+request (mixed workload, 16 requests); not capped at all, 5-8% behind K = 8 for every request on the default workload at
+4-16 requests (10.5 steps a batch of 8 where K = 8 took 8.9). A size with no batch of its own is not capped: the
+per-step policy trims, and the batch's records start its replays.
 """
 
 import math
@@ -38,8 +39,9 @@ from spec.batch_replay import BatchTiming, JudgedSteps, replayed_seconds
 from spec.metrics import RequestAcceptance
 from spec.step_cost import StepCostModel
 
-MARGIN = 0.05  # the replays' best K must beat the largest K by 5% to cap a size: the replays' times were within
-# 0.92-1.07 of the measured ones at each static K at 4-32 requests (mixed workload)
+MARGIN = 0.05  # the largest K is offered where it replays within 5% of the best: the replays priced K = 8 8-10%
+# higher, relative to K = 4, than it measured at 8 requests (spec/batch_replay.py), but a margin of 15% offered K = 8
+# at 32 requests, where it measured 4-7% behind K = 4 (default workload)
 NUM_BATCHES = 3  # a size's decisions use its last 3 batches: one batch's time is noisy, and the first at a new size
 # can be far off (the benchmark's default workload, 64 requests: a first batch at 0.79 of decoding without drafts,
 # where adaptive verification had averaged 1.10 over a whole benchmark)
@@ -57,8 +59,9 @@ class ClosedBatchSchedule:
         self._replays: dict[int, deque[list[float]]] = {}  # log2 batch size -> replayed seconds at K = 0, 1, ..
 
     def k_max(self, num_reqs: int) -> int | None:
-        """The K a closed batch of num_reqs requests offers every request, untrimmed (0: no drafts); None: no cap,
-        adaptive verification trims per request up to the config's or the schedule's K."""
+        """The K a closed batch of num_reqs requests offers every request, untrimmed (0: no drafts); None where the
+        size has no batch yet: no cap, adaptive verification trims per request up to the config's or the schedule's
+        K."""
         if not self.allows_drafting(num_reqs):
             return 0
         replays = self._replays.get(num_reqs.bit_length())
@@ -77,27 +80,27 @@ class ClosedBatchSchedule:
         undrafted = self._undrafted.get(size)
         return statistics.median(self._drafted[size]) <= (statistics.median(undrafted) if undrafted else 0.0)
 
-    def observe(self, lengths: list[int], records: list[RequestAcceptance], timing: BatchTiming,
-                costs: StepCostModel, k_limit: int) -> None:
-        """One finished closed batch: each request's completion length and acceptance record, the run's timing, and
-        the most drafts per request it could have been allowed (the config's or the schedule's K)."""
+    def observe(self, lengths: list[int], max_lengths: list[int], records: list[RequestAcceptance],
+                timing: BatchTiming, costs: StepCostModel, k_limit: int) -> None:
+        """One finished closed batch: each request's completion length, the most it had room for, and its acceptance
+        record, the run's timing, and the most drafts per request it could have been allowed (the config's or the
+        schedule's K)."""
         if not lengths or timing.num_steps < 2:
             return
         size = len(lengths).bit_length()
         judged = JudgedSteps(records)
-        undrafted = replayed_seconds(lengths, None, 0, timing, costs)
         drafted = len(judged) > 0
+        seconds = replayed_seconds(lengths, max_lengths, judged, k_limit if drafted else 0, timing, costs)
         ratios = (self._drafted if drafted else self._undrafted).setdefault(size, deque(maxlen=NUM_BATCHES))
-        ratios.append(math.log(timing.seconds / undrafted))
+        ratios.append(math.log(timing.seconds / seconds[0]))
         self._since_drafted[size] = 0 if drafted else self._since_drafted.get(size, 0) + 1
-        if drafted and k_limit:
-            seconds = [undrafted] + [replayed_seconds(lengths, judged, k, timing, costs) for k in range(1, k_limit + 1)]
+        if len(seconds) > 1:
             self._replays.setdefault(size, deque(maxlen=NUM_BATCHES)).append(seconds)
 
 
-def best_k(replays) -> int | None:
-    """The K >= 1 with the least replayed seconds summed over the batches (up to the least K any of them was allowed);
-    None (no cap) where the largest K is within MARGIN of it."""
+def best_k(replays) -> int:
+    """The K >= 1 with the least replayed seconds summed over the batches (up to the least K any of them was allowed),
+    or the largest K where it is within MARGIN of that."""
     totals = [sum(seconds) for seconds in zip(*replays)]
-    best = min(range(1, len(totals)), key=totals.__getitem__, default=None)
-    return best if best is not None and totals[best] * (1 + MARGIN) < totals[-1] else None
+    best = min(range(1, len(totals)), key=totals.__getitem__)
+    return len(totals) - 1 if totals[-1] <= totals[best] * (1 + MARGIN) else best

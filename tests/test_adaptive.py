@@ -344,6 +344,19 @@ def test_a_request_whose_confident_drafts_keep_failing_stops_being_offered_draft
     assert adaptive.allocate([7, 8], sure, uncached=[1, 1], draft_seconds=0.0).lengths == [4, 4]
 
 
+def test_under_a_closed_batch_cap_the_calibration_still_learns_and_no_request_factor_is_kept():
+    costs = StepCostModel({2: {2: 1.0, 10: 1.8}}, {1: 0.01, 2: 0.01})
+    adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
+    adaptive.trims = False  # the engine's setting under a cap: its requests end with the batch
+    sure = [[0.95, 0.95, 0.95, 0.95]] * 2
+    for _ in range(10):
+        adaptive.observe([7, 8], sure, [0, 4])  # judged: 1 draft of request 7's, 4 of 8's, a step
+    assert adaptive.stats()["num_calibration_observations"] == 50 and adaptive._requests == {}
+    adaptive.trims = True
+    adaptive.observe([7, 8], sure, [0, 4])
+    assert set(adaptive._requests) == {7, 8}
+
+
 def test_finished_requests_leave_no_adaptive_record(target, draft):
     config, draft_model = CONFIGS["draft_model"](target, draft)
     generator = _generator(target, config, draft_model=draft_model)

@@ -55,8 +55,18 @@ def test_a_replay_without_drafts_is_the_first_step_then_one_token_per_running_re
     assert timing.first_step_seconds == 4.0 and timing.other_seconds_per_step == pytest.approx(0.5)
     # lengths 1, 2, 4, 4: step 2 runs the 3 with at least 2 tokens, steps 3 and 4 the 2 with 4
     expected = 4.0 + sum(COSTS.verify_cost(n, n) + 0.5 for n in (3, 2, 2))
-    assert replayed_seconds([4, 1, 4, 2], None, 0, timing, COSTS) == pytest.approx(expected)
+    assert replayed_seconds([4, 1, 4, 2], [9] * 4, None, 0, timing, COSTS) == [pytest.approx(expected)]
     assert COSTS.verify_cost(3, 3) == pytest.approx(2.5)  # between the 2- and 4-row curves at 1 token per row
+
+
+def test_the_first_step_s_own_drafts_are_taken_out_of_its_measured_time():
+    timing = BatchTiming()
+    timing.observe_step(seconds=5.0, draft_seconds=1.0, verify_seconds=3.5, num_drafts=4)  # 4 drafts verified
+    timing.observe_step(seconds=2.0, draft_seconds=0.5, verify_seconds=1.0)
+    assert (timing.first_step_seconds, timing.first_step_drafts) == (4.0, 4)
+    # one request of 1 token: the first step alone, less its 4 drafts' verification (5 - 3 on the 1-row curve)
+    assert replayed_seconds([1], [9], None, 0, timing, COSTS) == [pytest.approx(4.0 - (COSTS.verify_cost(1, 5) - 1.0))]
+    assert COSTS.verify_cost(1, 5) == pytest.approx(3.0)
 
 
 SURE, NEVER = JudgedSteps([record([(1, 1)] * 3)] * 4), JudgedSteps([record([(1, 0)] * 3)] * 4)
@@ -66,12 +76,35 @@ def test_a_replay_with_sure_drafts_emits_k_plus_one_tokens_a_step():
     # K = 1, every draft accepted: 2 tokens a step, so the requests of 4, 1, 4, 2 tokens run 2, 1, 2, 1 steps
     first = 4.0 + COSTS.draft_cost([4]) + COSTS.verify_cost(4, 8) - COSTS.verify_cost(4, 4)
     expected = first + 0.5 + COSTS.verify_cost(2, 4) + COSTS.draft_cost([2])
-    assert replayed_seconds([4, 1, 4, 2], SURE, 1, _timing(), COSTS) == pytest.approx(expected)
+    assert replayed_seconds([4, 1, 4, 2], [9] * 4, SURE, 1, _timing(), COSTS)[1] == pytest.approx(expected)
 
 
 def test_drafts_that_always_fail_replay_slower_and_sure_ones_faster():
     lengths, timing = [9, 12, 7, 12], _timing()
-    plain = replayed_seconds(lengths, None, 0, timing, COSTS)
-    assert all(replayed_seconds(lengths, NEVER, k, timing, COSTS) > plain for k in (1, 2, 3))
-    sure = [replayed_seconds(lengths, SURE, k, timing, COSTS) for k in (0, 1, 2, 3)]
+    plain, *never = replayed_seconds(lengths, lengths, NEVER, 3, timing, COSTS)
+    assert plain == pytest.approx(replayed_seconds(lengths, lengths, None, 0, timing, COSTS)[0])
+    assert len(never) == 3 and all(seconds > plain for seconds in never)
+    sure = replayed_seconds(lengths, lengths, SURE, 3, timing, COSTS)
     assert sure == sorted(sure, reverse=True) and sure[0] == pytest.approx(plain)
+
+
+def test_a_draw_at_the_largest_k_cut_at_a_smaller_one_is_a_draw_at_that_k():
+    # The replay draws once, at k_max, and cuts the runs at each smaller k. Steps accept 2 of 2 drafts (half of
+    # them), 1 of 3 or 0 of 1 (a quarter each): a draw at K = 1, 2, 3 accepts 0.75, 1.25 and 1.625 on average (at 3,
+    # a step of 2 of 2 goes on with one more draw cut at 1: 2 + 0.75). Over 4000 steps the sd of a mean is at most
+    # 0.02, so 0.06 is 3 of them.
+    records = [record([(2, 2), (2, 2), (3, 1), (1, 0)] * 3)]
+    for k, mean in ((1, 0.75), (2, 1.25), (3, 1.625)):
+        assert np.minimum(_accepted(records, 5), k).mean() == pytest.approx(mean, abs=0.06)
+        assert _accepted(records, k).mean() == pytest.approx(mean, abs=0.06)
+
+
+def test_a_request_drafts_no_more_than_its_room_allows():
+    # 3 tokens at K = 8, every draft accepted. With room for 3 (max_tokens): one step of 2 drafts, their 2 forwards of
+    # 1 row. With room for more, 8 drafts (a drafter that drafts the stop token stops there, which the replay does
+    # not foresee), 8 forwards.
+    sure = JudgedSteps([record([(1, 1)] * 3)])
+    for room, num_drafts in ((3, 2), (20, 8)):
+        first = COSTS.draft_cost([1] * num_drafts) + COSTS.verify_cost(1, 1 + num_drafts) - COSTS.verify_cost(1, 1)
+        expected = 4.0 + first
+        assert replayed_seconds([3], [room], sure, 8, _timing(), COSTS)[8] == pytest.approx(expected)
