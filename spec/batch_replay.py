@@ -20,8 +20,8 @@ request per step, and no draws.
 
 Measured (2-core CPU, 8 requests, 8 batches timed at each static K): the replays of the batches run at K = 4 and
 K = 8 priced K = 0-8 at 0.94-1.09 of their measured times on the default workload (K = 8 at 1.07-1.09, K = 4 at
-0.95-0.99), and at 0.98-1.14 on the mixed one (K = 8 at 1.12-1.14, K = 2 at 1.00-1.05). Replaying K = 0-8 takes 1 ms
-after a batch of 2 requests, 2 ms after one of 16, 24 after one of 256.
+0.95-0.99), and at 0.98-1.14 on the mixed one (K = 8 at 1.12-1.14, K = 2 at 1.00-1.05). Replaying K = 0-8 takes
+0.5-1 ms after a batch of 2 requests, 1-2 ms after one of 16, 12-24 ms after one of 256.
 """
 
 from dataclasses import dataclass
