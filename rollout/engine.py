@@ -200,7 +200,7 @@ class Engine:
                 on_finish(request)
         if is_closed:
             schedule.observe([len(r.output_ids) for r in batch],
-                             [min(r.params.max_tokens, self.max_model_len - len(r.prompt_ids)) for r in batch],
+                             [r.max_completion_len(self.max_model_len) for r in batch],
                              [r.acceptance for r in batch], self.timing, self.adaptive.costs,
                              k_limit=self.scheduler.k_for_batch_size(len(batch)))
         return time.perf_counter() - start

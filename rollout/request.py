@@ -47,13 +47,17 @@ class Request:
         self.logprobs.append(logprob)
         if token_id in self.stop_ids:
             self.finish_reason = "stop"
-        elif len(self.output_ids) >= self.params.max_tokens or self.num_tokens >= max_model_len:
+        elif len(self.output_ids) >= self.max_completion_len(max_model_len):
             self.finish_reason = "length"
         return self.finish_reason is not None
 
+    def max_completion_len(self, max_model_len: int) -> int:
+        """The most completion tokens the request has room for: max_tokens, or what max_model_len leaves."""
+        return min(self.params.max_tokens, max_model_len - len(self.prompt_ids))
+
     def room_for_drafts(self, max_model_len: int) -> int:
         """The most drafts worth verifying: k drafts emit up to k + 1 tokens and put k + 1 tokens in the cache."""
-        return max(0, min(self.params.max_tokens - len(self.output_ids), max_model_len - self.num_tokens) - 1)
+        return max(0, self.max_completion_len(max_model_len) - len(self.output_ids) - 1)
 
     def draft_view(self) -> DraftRequest:
         p = self.params
