@@ -2,26 +2,28 @@
 
 The replay keeps the batch's completions (verification is lossless: drafting does not change what a seeded batch
 emits, nor what an unseeded one emits in distribution) and its measured prompt step and per-step overhead, and
-re-decides how many drafts each step accepts. Each replayed step of a request replays one of its own steps that
-offered drafts (how many were offered, how many accepted), or with weight PRIOR_STEPS one of the batch's: a draft
-rejected at position j ends the step's run at j - 1 whatever K is; a step whose drafts were all accepted goes on, where
-K is larger, with another drawn step. Resampling whole steps keeps the runs of easy tokens that a per-request
-acceptance rate loses: with a geometric rate per request, the replay of the default workload's batch of 16 ran 9.3
-steps where the batch ran 8.5 at K = 8, and priced K = 8 22% above its measured time. REPLAYS Monte Carlo runs; every
-K replays the same draws, made once at the largest K and cut at each smaller one.
+re-decides where each step ends. It reads the batch's trace: at each position of each completion, whether the draft
+the batch verified there was accepted or rejected, or that it verified none there (the token after a run of drafts
+all accepted, a step that offered none). A replayed step at K from position s accepts the drafts from s up to the
+first rejected one, at most K, and emits one token more: the drafter's draft at a position depends on the tokens
+before it, which the replay keeps, not on where its step began (so for a draft model, where the arms of the benchmark
+agreed on every position both verified; an n-gram drafter's continuation can differ). Unseen positions are drawn,
+REPLAYS times, from a two-state Markov chain along each completion (Trace.unseen_acceptance). At the K the batch ran
+untrimmed the replay takes the batch's own steps; at another it finds the runs of easy tokens where the batch found
+them. Measured on identical completions (benchmark workloads, 16 and 64 requests), from batches run at K = 8 the
+replays found the steps and verified tokens of K = 1, 2 and 4 within 0-1.6%; from K = 4, those of K = 8 within 2% at
+64 requests and 8-10% high at 16 on the default workload, where 1 position in 5 is drawn and the draws' spread
+lengthens the slowest request. Resampling whole steps instead (an earlier replay) ran 3-31% too many steps and
+charged up to 25% too many verified tokens at K = 8.
 
 A replayed step drafts, for each running request, K drafts or as many as its room allows if fewer (max_tokens and
-max_model_len: k drafts emit up to k + 1 tokens), as the engine does; a drafter that drafts its request's stop token
-stops there, which the replay does not foresee. It costs the step-cost model's draft forwards over the rows still
-drafting at each depth, and verifying one token per running request plus its drafts, plus the batch's measured time
-per step outside drafting and verification. Its first step (prompts) is the measured one less its drafting and its
-drafts' verification, plus the replayed drafts' forwards and verification. At K = 0 that is one token per running
-request per step, and no draws.
-
-Measured (2-core CPU, 8 requests, 8 batches timed at each static K): the replays of the batches run at K = 4 and
-K = 8 priced K = 0-8 at 0.94-1.09 of their measured times on the default workload (K = 8 at 1.07-1.09, K = 4 at
-0.95-0.99), and at 0.98-1.14 on the mixed one (K = 8 at 1.12-1.14, K = 2 at 1.00-1.05). Replaying K = 0-8 takes
-0.5-1 ms after a batch of 2 requests, 1-2 ms after one of 16, 12-24 ms after one of 256.
+max_model_len: k drafts emit up to k + 1 tokens), and none past its stop token where the drafter drafted it, as the
+engine does. It costs the step-cost model's draft forwards over the rows still drafting at each depth, and verifying
+one token per running request plus its drafts, plus the batch's measured time per step outside drafting and
+verification. Its first step (prompts) is the measured one less its drafting and its drafts' verification, plus the
+replayed drafts' forwards and verification. At K = 0 that is one token per running request per step, and no draws.
+Replaying K = 0-8 takes about 0.6 ms after a batch of 1 request, 2 ms after one of 16, 25 ms after one of 256
+(2-core CPU).
 """
 
 from dataclasses import dataclass
@@ -31,9 +33,11 @@ import numpy as np
 from spec.metrics import RequestAcceptance
 from spec.step_cost import StepCostModel
 
-PRIOR_STEPS = 2.0  # a request's replayed steps draw from the batch's judged steps with the weight of 2 of its own: a
-# request that was offered drafts at one or two steps (or none) is not judged by them alone
-REPLAYS = 8  # Monte Carlo runs per K: the mean of 8 batch times moves by about 1% between seeds at 16 requests
+ACCEPTED, REJECTED, UNSEEN = 1, 0, -1  # a position's draft in the batch's trace
+PRIOR = 2.0  # a request's rates at unseen positions count the batch's with the weight of 2 of its own positions: a
+# request with one or two verified drafts (or none) is not judged by them alone
+REPLAYS = 8  # draws of the unseen positions: at 16 requests, one K's replayed time over another's moves by 0.2-1.5%
+# (sd) between seeds
 _SEED = 0  # common random numbers: every K and every batch replays the same draws
 
 
@@ -61,67 +65,122 @@ class BatchTiming:
         return (self.seconds - self.draft_seconds - self.verify_seconds) / max(self.num_steps, 1)
 
 
-class JudgedSteps:
-    """Each request's steps that offered drafts: how many, and how many of them were accepted."""
+class Trace:
+    """Per request and completion position: whether the draft the batch verified there was accepted or rejected, or
+    that it verified none there (module docstring)."""
 
-    def __init__(self, records: list[RequestAcceptance]):
-        steps = [[(k, a) for k, a in zip(r.k_per_step, r.num_accepted_per_step) if k] for r in records]
-        self.counts = np.array([len(own) for own in steps])
-        self.starts = np.cumsum(self.counts) - self.counts
-        self.offered = np.array([k for own in steps for k, _ in own], dtype=np.int64)
-        self.accepted = np.array([a for own in steps for _, a in own], dtype=np.int64)
+    def __init__(self, records: list[RequestAcceptance], lengths: list[int]):
+        self.outcomes = np.full((len(records), max(lengths)), UNSEEN, dtype=np.int8)
+        for row, record in zip(self.outcomes, records):
+            start = 0  # the step's first position: its first draft's, or its one token's where it offered none
+            for offered, accepted in zip(record.k_per_step, record.num_accepted_per_step):
+                row[start:start + accepted] = ACCEPTED
+                if accepted < offered and start + accepted < len(row):
+                    row[start + accepted] = REJECTED
+                start += accepted + 1
 
-    def __len__(self) -> int:
-        return len(self.offered)
+    @property
+    def drafted(self) -> bool:
+        return bool((self.outcomes != UNSEEN).any())
 
-    def accepted_at(self, k: int, shape: tuple[int, int, int], rng: np.random.Generator) -> np.ndarray:
-        """Drafts accepted at each of `shape` = (replays, requests, steps) steps offering k drafts: each step
-        replays one of the request's own judged steps, or with weight PRIOR_STEPS one of the batch's; where all the
-        replayed step's drafts were accepted and k is larger, the step goes on with another one."""
-        total = np.zeros(shape, dtype=np.int64)
-        owners = np.broadcast_to(np.arange(shape[1])[None, :, None], shape).ravel()
-        live, room = np.arange(total.size), np.full(total.size, k)
-        while len(live):
-            offered, accepted = self._draw(owners[live], rng)
-            total.flat[live] += np.minimum(accepted, room)
-            more = (accepted == offered) & (offered < room)
-            live, room = live[more], (room - offered)[more]
-        return total
+    def unseen_acceptance(self) -> np.ndarray:
+        """[request, position]: the chance a draft at the position would be accepted, where no draft was verified.
+        Acceptance as a two-state Markov chain along the completion, per request (its rates counting the batch's with
+        weight PRIOR): after an accepted draft, at its rate after accepted drafts, given the position after it where
+        that is seen (the chain's posterior: the token after a run of drafts all accepted, where the next step's first
+        draft was accepted too, is likelier accepted than that rate says); its rate over all positions otherwise. The
+        trace must hold a verified draft."""
+        seen, accepted = self.outcomes != UNSEEN, self.outcomes == ACCEPTED
+        rejected = seen & ~accepted
+        after_accepted, after_rejected = _shifted(accepted, 1), _shifted(rejected, 1)
+        overall, batch = _rates(seen, accepted, None)
+        following = _rates(seen & after_accepted, accepted, batch)[0][:, None]  # P(accepted | accepted before)
+        recovering = _rates(seen & after_rejected, accepted, batch)[0][:, None]  # P(accepted | rejected before)
+        next_accepted, next_rejected = _shifted(accepted, -1), _shifted(rejected, -1)
+        likely = following * np.where(next_accepted, following, np.where(next_rejected, 1 - following, 1.0))
+        unlikely = (1 - following) * np.where(next_accepted, recovering, np.where(next_rejected, 1 - recovering, 1.0))
+        return np.where(after_accepted, likely / np.maximum(likely + unlikely, 1e-12), overall[:, None])
 
-    def _draw(self, owners: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        counts = self.counts[owners]
-        pick = rng.random(len(owners)) * (counts + PRIOR_STEPS)
-        own = np.minimum(self.starts[owners] + pick.astype(np.int64), len(self) - 1)
-        index = np.where(pick < counts, own, rng.integers(0, len(self), len(owners)))
-        return self.offered[index], self.accepted[index]
+    def draws(self, num_draws: int, rng: np.random.Generator) -> np.ndarray:
+        """[draw, request, position]: whether a draft there is accepted, the unseen positions drawn."""
+        unseen = self.outcomes == UNSEEN
+        return np.where(unseen, rng.random((num_draws, *unseen.shape)) < self.unseen_acceptance(),
+                        self.outcomes == ACCEPTED)
 
 
-def replayed_seconds(lengths: list[int], max_lengths: list[int], judged: JudgedSteps | None, k_max: int,
+def _shifted(mask: np.ndarray, by: int) -> np.ndarray:
+    """mask moved `by` positions along each row (1: each position reads the one before it), False where it runs off."""
+    out = np.zeros_like(mask)
+    if by > 0:
+        out[:, by:] = mask[:, :-by]
+    else:
+        out[:, :by] = mask[:, -by:]
+    return out
+
+
+def _rates(where: np.ndarray, accepted: np.ndarray, fallback: float | None) -> tuple[np.ndarray, float]:
+    """Per request, the acceptance rate over `where`, counting the batch's (or `fallback` where `where` is empty)
+    with weight PRIOR; and the batch's."""
+    num, num_accepted = where.sum(1), (where & accepted).sum(1)
+    batch = num_accepted.sum() / num.sum() if num.sum() else fallback
+    return (num_accepted + PRIOR * batch) / (num + PRIOR), batch
+
+
+def replayed_seconds(lengths: list[int], max_lengths: list[int], trace: Trace | None, k_max: int,
                      timing: BatchTiming, costs: StepCostModel) -> list[float]:
     """Mean seconds of REPLAYS replays of the batch with k drafts offered to every running request per step, for
     k = 0 .. k_max (module docstring); lengths: the completions', max_lengths: the most each request had room for.
-    Every k replays the same drawn steps (the accepted run of a draw at k_max, cut at k, is the run a draw at k would
-    have found), so their differences are not the draws' noise."""
+    Every k replays the same draws, so their differences are not the draws' noise."""
     lengths, max_lengths = np.asarray(lengths), np.asarray(max_lengths)
-    num_reqs, longest = len(lengths), int(lengths.max())
-    runs = np.zeros((1, num_reqs, longest), dtype=np.int64) if not k_max else \
-        judged.accepted_at(k_max, (REPLAYS, num_reqs, longest), np.random.default_rng(_SEED))
-    forward = np.array([0.0, *costs.draft_forward_costs(num_reqs)])  # [m]: one draft forward of m rows
-    seconds = []
-    for k in range(k_max + 1):
-        advance = np.minimum(runs, k) + 1  # tokens each step emits, while its request runs
-        before = np.cumsum(advance, axis=2) - advance  # tokens before each step
-        running = before < lengths[:, None]
-        drafts = np.where(running, np.minimum(k, max_lengths[:, None] - before - 1), 0)  # room for k + 1 tokens
-        rows, tokens = running.sum(1), (running + drafts).sum(1)  # [replay, step]
-        drafting = sum((forward[(drafts >= depth).sum(1)] for depth in range(1, k + 1)), np.zeros(rows.shape))
-        first = timing.first_step_seconds + drafting[0, 0] + costs.verify_cost(num_reqs, tokens[0, 0]) - \
-            costs.verify_cost(num_reqs, num_reqs + timing.first_step_drafts)
-        later = rows[:, 1:] > 0
-        shapes, where = np.unique(rows[:, 1:][later] * (num_reqs * (k + 1) + 1) + tokens[:, 1:][later],
-                                  return_inverse=True)  # each step's (rows, tokens), as one number
-        verify = np.array([costs.verify_cost(*divmod(shape, num_reqs * (k + 1) + 1)) for shape in shapes.tolist()])
-        total = verify[where].sum() + drafting[:, 1:][later].sum() + \
-            timing.other_seconds_per_step * later.sum()
-        seconds.append(first + total / len(rows))
+    running = np.arange(lengths.max()) < lengths[:, None]  # without drafts, one token a step
+    seconds = _seconds(running[None, None], np.zeros(running.shape, dtype=np.int64)[None, None], timing, costs)
+    if k_max:
+        accepted = trace.draws(REPLAYS, np.random.default_rng(_SEED))
+        seconds += _seconds(*_steps(accepted, lengths, max_lengths, k_max), timing, costs)
     return seconds
+
+
+def _steps(accepted: np.ndarray, lengths: np.ndarray, max_lengths: np.ndarray, k_max: int):
+    """Per k = 1 .. k_max, each replayed step's running requests and the drafts it offers them: [k, draw, request,
+    step]. A step offers k drafts, or as many as the request's room allows (k drafts emit up to k + 1 tokens), and none
+    past its stop token where the drafter drafted it (its draft there accepted: the engine drops a proposal's drafts
+    after a stop token); it emits the accepted run from where the request stands, plus one token."""
+    num_draws, num_reqs, longest = accepted.shape
+    positions = np.arange(longest)
+    first_rejected = np.minimum.accumulate(np.where(accepted, longest, positions)[..., ::-1], axis=2)[..., ::-1]
+    runs = (first_rejected - positions).ravel()  # drafts accepted from each position on
+    stop_drafted = accepted[:, np.arange(num_reqs), lengths - 1]  # [draw, request]
+    ends = np.where(stop_drafted, np.minimum(lengths + 1, max_lengths), max_lengths)  # the most tokens a step reaches
+    offset = (np.arange(num_draws)[:, None] * num_reqs + np.arange(num_reqs)) * longest  # [draw, request] in runs
+    ks = np.arange(1, k_max + 1)[:, None, None]
+    before = np.zeros((k_max, num_draws, num_reqs), dtype=np.int64)  # tokens emitted before the step
+    steps_running, steps_drafts = [], []
+    while True:
+        running = before < lengths
+        if not running.any():
+            return np.stack(steps_running, axis=3), np.stack(steps_drafts, axis=3)
+        drafts = np.where(running, np.minimum(ks, ends - before - 1), 0)
+        before = before + np.minimum(runs[offset + np.minimum(before, longest - 1)], drafts) + 1
+        steps_running.append(running)
+        steps_drafts.append(drafts)
+
+
+def _seconds(running: np.ndarray, drafts: np.ndarray, timing: BatchTiming, costs: StepCostModel) -> list[float]:
+    """Per k, the mean seconds of the replays of the steps given by running and drafts ([k, draw, request, step]): the
+    measured first step, less its own drafts' verification, plus its replayed drafts' forwards and verification; then
+    each step's draft forwards, verification and measured time outside both."""
+    num_reqs = running.shape[2]
+    forward = np.array([0.0, *costs.draft_forward_costs(num_reqs)])  # [m]: one draft forward of m rows
+    rows, tokens = running.sum(2), (running + drafts).sum(2)  # [k, draw, step]
+    drafting = sum((forward[(drafts >= depth).sum(2)] for depth in range(1, int(drafts.max()) + 1)),
+                   np.zeros(rows.shape))
+    own_drafts = costs.verify_cost(num_reqs, num_reqs + timing.first_step_drafts)
+    first = [timing.first_step_seconds + drafted + costs.verify_cost(num_reqs, verified) - own_drafts
+             for drafted, verified in zip(drafting[:, 0, 0].tolist(), tokens[:, 0, 0].tolist())]
+    later = rows[..., 1:] > 0
+    width = int(tokens.max()) + 1
+    shapes, where = np.unique(rows[..., 1:][later] * width + tokens[..., 1:][later], return_inverse=True)  # (rows, tokens)
+    verify = np.zeros(later.shape)
+    verify[later] = np.array([costs.verify_cost(*divmod(shape, width)) for shape in shapes.tolist()])[where]
+    total = (verify + (drafting[..., 1:] + timing.other_seconds_per_step) * later).sum((1, 2)) / rows.shape[1]
+    return [f + t for f, t in zip(first, total.tolist())]

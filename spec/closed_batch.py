@@ -21,12 +21,16 @@ dearer relative to a step's fixed cost as the batch grows. Measured, not replaye
 in a batch's first step costs 20-30% more than the step-cost model says at 64 requests and more.
 
 How deep: replayed. Where it drafts, a batch offers every request, untrimmed, the K >= 1 whose replays over the size's
-last NUM_BATCHES batches took least, or the largest K they were replayed at where that is within MARGIN of it: the
-replays price deep drafting a little high (module docstring of spec/batch_replay.py). Untrimmed, because per-request
-trimming is what loses in a closed batch: it cuts the drafts of the requests the drafter predicts badly, which are the
-ones the batch waits on, and each step's rate counts a token of any request alike, where the batch's time is its slowest
-request's steps. Capped at the best K and trimming below it, adaptive verification ran 2-9% behind that K for every
-request (mixed workload, 16 requests); not capped at all, 5-8% behind K = 8 for every request on the default workload at
+last NUM_BATCHES batches took least. The replays take each batch's own steps at the K it ran and find, from its trace,
+the steps and verified tokens of the others within 2% (default and mixed workloads, 16 and 64 requests, from batches
+run at K = 4 and 8), but for K = 8 from K = 4 at 16 requests on the default workload (8-10% too many steps); an
+earlier replay that resampled whole steps priced K = 8 8-14% high relative to K = 4, and the largest K within 5% of
+the best was offered to make up for it. What is left is the step-cost model's error from one K's steps to another's.
+Untrimmed, because per-request trimming is what
+loses in a closed batch: it cuts the drafts of the requests the drafter predicts badly, which are the ones the batch
+waits on, and each step's rate counts a token of any request alike, where the batch's time is its slowest request's
+steps. Capped at the best K and trimming below it, adaptive verification ran 2-9% behind that K for every request
+(mixed workload, 16 requests); not capped at all, 5-8% behind K = 8 for every request on the default workload at
 4-16 requests (10.5 steps a batch of 8 where K = 8 took 8.9). A size with no batch of its own is not capped: the
 per-step policy trims, and the batch's records start its replays.
 """
@@ -35,14 +39,10 @@ import math
 import statistics
 from collections import deque
 
-from spec.batch_replay import BatchTiming, JudgedSteps, replayed_seconds
+from spec.batch_replay import BatchTiming, Trace, replayed_seconds
 from spec.metrics import RequestAcceptance
 from spec.step_cost import StepCostModel
 
-MARGIN = 0.05  # the largest K is offered where it replays within 5% of the best: the replays priced K = 8 8-14%
-# higher, relative to K = 4, than it measured at 8 requests (spec/batch_replay.py), but a margin of 15% (with a replay
-# that did not yet take the first step's drafts out) offered K = 8 at 32 requests, where it measured 4-7% behind K = 4
-# (default workload)
 NUM_BATCHES = 3  # a size's decisions use its last 3 batches: one batch's time is noisy, and the first at a new size
 # can be far off (the benchmark's default workload, 64 requests: a first batch at 0.79 of decoding without drafts,
 # where adaptive verification had averaged 1.10 over a whole benchmark)
@@ -89,9 +89,9 @@ class ClosedBatchSchedule:
         if not lengths or timing.num_steps < 2:
             return
         size = len(lengths).bit_length()
-        judged = JudgedSteps(records)
-        drafted = len(judged) > 0
-        seconds = replayed_seconds(lengths, max_lengths, judged, k_limit if drafted else 0, timing, costs)
+        trace = Trace(records, lengths)
+        drafted = trace.drafted
+        seconds = replayed_seconds(lengths, max_lengths, trace, k_limit if drafted else 0, timing, costs)
         ratios = (self._drafted if drafted else self._undrafted).setdefault(size, deque(maxlen=NUM_BATCHES))
         ratios.append(math.log(timing.seconds / seconds[0]))
         self._since_drafted[size] = 0 if drafted else self._since_drafted.get(size, 0) + 1
@@ -100,8 +100,7 @@ class ClosedBatchSchedule:
 
 
 def best_k(replays) -> int:
-    """The K >= 1 with the least replayed seconds summed over the batches (up to the least K any of them was allowed),
-    or the largest K where it is within MARGIN of that."""
+    """The K >= 1 with the least replayed seconds summed over the batches (up to the least K any of them was
+    allowed)."""
     totals = [sum(seconds) for seconds in zip(*replays)]
-    best = min(range(1, len(totals)), key=totals.__getitem__)
-    return len(totals) - 1 if totals[-1] <= totals[best] * (1 + MARGIN) else best
+    return min(range(1, len(totals)), key=totals.__getitem__)

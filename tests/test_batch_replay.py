@@ -1,11 +1,14 @@
-"""Replaying a closed batch at a uniform K: judged steps resampled, and the replay's steps and costs."""
+"""Replaying a closed batch at a uniform K: its trace, the draws at unseen positions, and the replay's steps and costs."""
 
 import numpy as np
 import pytest
 
 from replay_testing import COSTS, record
-from spec import RequestAcceptance
-from spec.batch_replay import BatchTiming, JudgedSteps, replayed_seconds
+from spec import RequestAcceptance, StepCostModel
+from spec.batch_replay import ACCEPTED as A, PRIOR, REJECTED as R, UNSEEN as U, BatchTiming, Trace, replayed_seconds
+
+# Verification 1 s a step whatever its tokens, draft forwards next to free: a replay's seconds count its steps
+STEPS = StepCostModel({n: {n: 1.0, 16 * n: 1.0} for n in (1, 2, 4)}, {1: 1e-9, 4: 1e-9})
 
 
 def _timing(first: float = 4.0, other: float = 0.5) -> BatchTiming:
@@ -17,37 +20,60 @@ def _timing(first: float = 4.0, other: float = 0.5) -> BatchTiming:
     return timing
 
 
-def _accepted(records: list, k: int, num_replays: int = 200, num_steps: int = 20) -> np.ndarray:
-    """Drafts accepted per replayed step at K = k: (replays, requests, steps)."""
-    return JudgedSteps(records).accepted_at(k, (num_replays, len(records), num_steps), np.random.default_rng(0))
+def _later_steps(records: list, lengths: list[int], k_max: int) -> list[float]:
+    """Mean replayed steps after the first, per k = 0 .. k_max (STEPS costs, nothing outside verification)."""
+    seconds = replayed_seconds(lengths, [64] * len(lengths), Trace(records, lengths), k_max, _timing(0.0, 0.0), STEPS)
+    return [round(s, 6) for s in seconds]
 
 
-def test_a_replayed_step_replays_a_judged_one_and_a_rejection_ends_it_at_any_k():
-    rejected_at_2 = [record([(3, 1)] * 4)]  # drafts offered at 0 steps are not judged
-    assert all((_accepted(rejected_at_2, k) == 1).all() for k in (1, 2, 3, 8))
-    sure = [record([(1, 1)] * 5)] * 2  # all accepted: a step goes on with another one while K has room
-    assert all((_accepted(sure, k) == k).all() for k in (1, 2, 5))
+def test_the_trace_marks_each_position_accepted_rejected_or_unseen():
+    # 1 of 3 accepted; no drafts; 2 of 2 (the token after them unseen); 1 of 4; then the completion's last token
+    trace = Trace([record([(3, 1), (0, 0), (2, 2), (4, 1)]), RequestAcceptance()], [9, 2])
+    assert trace.outcomes.tolist() == [[A, R, U, A, A, U, A, R, U], [U] * 2 + [U] * 7]
+    assert trace.drafted and not Trace([record([(0, 0)] * 3), RequestAcceptance()], [3, 1]).drafted
 
 
-def test_a_step_whose_drafts_were_all_accepted_goes_on_with_another_drawn_step():
-    # Half the steps accept both drafts, half none. At K = 4: 0 (half), else 2 plus 0 or 2 (a quarter each): mean 1.5
-    # (sd 1.66 a step; over 4000 steps the mean's sd is 0.026, so 0.1 is 4 of them).
-    accepted = _accepted([record([(2, 2), (2, 0)] * 5)], 4)
-    assert set(np.unique(accepted)) == {0, 2, 4}
-    assert accepted.mean() == pytest.approx(1.5, abs=0.1)
-    assert _accepted([record([(2, 2), (2, 0)] * 5)], 1).mean() == pytest.approx(0.5, abs=0.05)
+def test_an_unseen_position_after_an_accepted_draft_reads_the_chain_s_posterior():
+    # A A U A R R A A U R U, the same in every request (so each one's rates are the batch's). Seen: 5 of 8 accepted;
+    # after an accepted draft 2 of 3 (f), after a rejected one 1 of 2 (g). Position 2 lies between two accepted
+    # drafts: f^2 / (f^2 + (1 - f) g) = 8/11; position 8 between an accepted and a rejected one:
+    # f (1 - f) / (f (1 - f) + (1 - f)(1 - g)) = 4/7; position 10 follows a rejected one: the rate over all, 5/8.
+    steps = [(2, 2), (2, 1), (1, 0), (2, 2), (1, 0)]
+    trace = Trace([record(steps)] * 3, [11] * 3)
+    assert trace.outcomes[0].tolist() == [A, A, U, A, R, R, A, A, U, R, U]
+    chance = trace.unseen_acceptance()
+    assert chance[:, [2, 8, 10]].tolist() == [pytest.approx([8 / 11, 4 / 7, 5 / 8])] * 3
 
 
-def test_a_request_with_few_judged_steps_draws_from_the_batch_s_too():
-    # A request with 18 steps accepted, one whose 2 were rejected: the second replays its own half the time (2 against
-    # a prior of 2), the batch's 20 (18 accepted) otherwise: mean 0.5 x 0.9 = 0.45 at K = 1 (sd of the mean over its
-    # 4000 replayed steps 0.008); the first its own 18 of 20 times: 0.9 + 0.1 x 0.9 = 0.99. A request never offered
-    # drafts replays the batch's alone (0.9).
-    accepted = _accepted([record([(1, 1)] * 18), record([(1, 0)] * 2), record([(0, 0)] * 3)], 1)
-    assert accepted[:, 0].mean() == pytest.approx(0.99, abs=0.01)
-    assert accepted[:, 1].mean() == pytest.approx(0.45, abs=0.03)
-    assert accepted[:, 2].mean() == pytest.approx(0.9, abs=0.03)
-    assert len(JudgedSteps([record([(0, 0)] * 3), RequestAcceptance()])) == 0
+def test_a_request_s_rates_count_the_batch_s_with_weight_prior():
+    # Rejected, rejected, then unseen; in a batch whose other request accepts 6 of its 8 seen drafts (A A A R twice):
+    # the batch's rate 6/10, the first request's (0 + PRIOR 0.6) / (2 + PRIOR), the second's (6 + PRIOR 0.6) / (8 +
+    # PRIOR), each at its position after a rejected draft.
+    trace = Trace([record([(1, 0), (1, 0)]), record([(4, 3)] * 2)], [3, 9])
+    chance = trace.unseen_acceptance()
+    assert chance[0, 2] == pytest.approx(PRIOR * 0.6 / (2 + PRIOR))
+    assert chance[1, 8] == pytest.approx((6 + PRIOR * 0.6) / (8 + PRIOR))
+
+
+def test_draws_keep_the_seen_positions_and_draw_the_unseen_at_their_chance():
+    trace = Trace([record([(2, 2), (2, 1), (1, 0), (2, 2), (1, 0)])], [11])
+    draws = trace.draws(4000, np.random.default_rng(0))
+    seen = trace.outcomes[0] != U
+    assert (draws[:, 0, seen] == (trace.outcomes[0, seen] == A)).all()
+    # 4000 draws: the sd of a drawn frequency is at most 0.008, so 0.03 is nearly 4 of them
+    assert draws[:, 0, ~seen].mean(axis=0) == pytest.approx(trace.unseen_acceptance()[0, ~seen], abs=0.03)
+
+
+def test_a_replay_ends_each_step_at_its_first_rejected_draft_at_any_k():
+    # A A A R, three times, every position seen: K = 3 and 4 emit 4 tokens a step (3 steps), K = 1 and 2 emit 2 a
+    # step (6: at K = 2, A A then R alone); without drafts 12
+    assert _later_steps([record([(4, 3)] * 3)], [12], 4) == [11, 5, 5, 2, 2]
+
+
+def test_at_the_k_the_batch_ran_the_replay_takes_its_steps_whatever_it_draws():
+    # every draft accepted at two of its four steps: the token after them was never drafted, and is drawn
+    records = [record([(3, 3), (3, 1), (3, 3), (3, 0)]), record([(3, 1), (3, 3), (3, 2)])]
+    assert _later_steps(records, [11, 9], 3)[3] == 3
 
 
 def test_a_replay_without_drafts_is_the_first_step_then_one_token_per_running_request_per_step():
@@ -69,42 +95,39 @@ def test_the_first_step_s_own_drafts_are_taken_out_of_its_measured_time():
     assert COSTS.verify_cost(1, 5) == pytest.approx(3.0)
 
 
-SURE, NEVER = JudgedSteps([record([(1, 1)] * 3)] * 4), JudgedSteps([record([(1, 0)] * 3)] * 4)
+def _sure(lengths: list[int]) -> Trace:
+    """Every draft accepted: one at each step, the token after it unseen (and drawn at the batch's rate, 1)."""
+    return Trace([record([(1, 1)] * 8)] * len(lengths), lengths)
+
+
+def _never(lengths: list[int]) -> Trace:
+    return Trace([record([(1, 0)] * 16)] * len(lengths), lengths)
 
 
 def test_a_replay_with_sure_drafts_emits_k_plus_one_tokens_a_step():
     # K = 1, every draft accepted: 2 tokens a step, so the requests of 4, 1, 4, 2 tokens run 2, 1, 2, 1 steps
     first = 4.0 + COSTS.draft_cost([4]) + COSTS.verify_cost(4, 8) - COSTS.verify_cost(4, 4)
     expected = first + 0.5 + COSTS.verify_cost(2, 4) + COSTS.draft_cost([2])
-    assert replayed_seconds([4, 1, 4, 2], [9] * 4, SURE, 1, _timing(), COSTS)[1] == pytest.approx(expected)
+    lengths = [4, 1, 4, 2]
+    assert replayed_seconds(lengths, [9] * 4, _sure(lengths), 1, _timing(), COSTS)[1] == pytest.approx(expected)
 
 
 def test_drafts_that_always_fail_replay_slower_and_sure_ones_faster():
     lengths, timing = [9, 12, 7, 12], _timing()
-    plain, *never = replayed_seconds(lengths, lengths, NEVER, 3, timing, COSTS)
+    plain, *never = replayed_seconds(lengths, lengths, _never(lengths), 3, timing, COSTS)
     assert plain == pytest.approx(replayed_seconds(lengths, lengths, None, 0, timing, COSTS)[0])
     assert len(never) == 3 and all(seconds > plain for seconds in never)
-    sure = replayed_seconds(lengths, lengths, SURE, 3, timing, COSTS)
+    sure = replayed_seconds(lengths, lengths, _sure(lengths), 3, timing, COSTS)
     assert sure == sorted(sure, reverse=True) and sure[0] == pytest.approx(plain)
 
 
-def test_a_draw_at_the_largest_k_cut_at_a_smaller_one_is_a_draw_at_that_k():
-    # The replay draws once, at k_max, and cuts the runs at each smaller k. Steps accept 2 of 2 drafts (half of
-    # them), 1 of 3 or 0 of 1 (a quarter each): a draw at K = 1, 2, 3 accepts 0.75, 1.25 and 1.625 on average (at 3,
-    # a step of 2 of 2 goes on with one more draw cut at 1: 2 + 0.75). Over 4000 steps the sd of a mean is at most
-    # 0.02, so 0.06 is 3 of them.
-    records = [record([(2, 2), (2, 2), (3, 1), (1, 0)] * 3)]
-    for k, mean in ((1, 0.75), (2, 1.25), (3, 1.625)):
-        assert np.minimum(_accepted(records, 5), k).mean() == pytest.approx(mean, abs=0.06)
-        assert _accepted(records, k).mean() == pytest.approx(mean, abs=0.06)
-
-
-def test_a_request_drafts_no_more_than_its_room_allows():
-    # 3 tokens at K = 8, every draft accepted. With room for 3 (max_tokens): one step of 2 drafts, their 2 forwards of
-    # 1 row. With room for more, 8 drafts (a drafter that drafts the stop token stops there, which the replay does
-    # not foresee), 8 forwards.
-    sure = JudgedSteps([record([(1, 1)] * 3)])
-    for room, num_drafts in ((3, 2), (20, 8)):
-        first = COSTS.draft_cost([1] * num_drafts) + COSTS.verify_cost(1, 1 + num_drafts) - COSTS.verify_cost(1, 1)
-        expected = 4.0 + first
-        assert replayed_seconds([3], [room], sure, 8, _timing(), COSTS)[8] == pytest.approx(expected)
+@pytest.mark.parametrize("steps, room, num_drafts", [
+    ([(3, 3)], 3, 2),  # room for 3 tokens (max_tokens): 2 drafts emit them
+    ([(3, 3)], 20, 3),  # the drafter drafted the stop token (its last position accepted): no drafts after it
+    ([(3, 2)], 20, 8),  # it drafted another token there (rejected), and goes on drafting
+])
+def test_a_request_drafts_no_more_than_its_room_allows_nor_past_a_drafted_stop(steps, room, num_drafts):
+    # a request of 3 tokens at K = 8, in one step: num_drafts forwards of 1 row, and their verification
+    first = COSTS.draft_cost([1] * num_drafts) + COSTS.verify_cost(1, 1 + num_drafts) - COSTS.verify_cost(1, 1)
+    assert replayed_seconds([3], [room], Trace([record(steps)], [3]), 8, _timing(), COSTS)[8] == \
+        pytest.approx(4.0 + first)
