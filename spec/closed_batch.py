@@ -14,11 +14,15 @@ follow for the next closed batches of that size.
 Whether to draft: measured. The log ratio of each batch's measured time over its replay without drafts is kept for
 the last NUM_BATCHES batches that drafted, and for those that did not (these measure the model's own error, which then
 cancels; 0 until one is seen). Where the median drafted batch came out slower than the median undrafted one, the next
-closed batches decode without drafts, and every RECHECK-th of them drafts again to see whether that still holds (the
-policy being trained, its prompts, a refreshed drafter all change it). A size with fewer than NUM_BATCHES drafted
-batches follows the nearest smaller size that has them (and drafts where none has): per token, verification only gets
-dearer relative to a step's fixed cost as the batch grows. Measured, not replayed, because drafting over every prompt
-in a batch's first step costs 20-30% more than the step-cost model says at 64 requests and more.
+closed batches decode without drafts, and one of them drafts again to see whether that still holds (the policy being
+trained, its prompts, a refreshed drafter all change it, and so does the machine: a verdict of 3 batches on a shared
+VM whose speed drifts can be a slow spell's): the 2nd after the verdict, then, while drafting keeps losing, the 4th,
+the 8th, and every RECHECK-th (FIRST_RECHECK). Rechecking only every 16th, schedule + adaptive verification drafted
+next to nothing from 16 requests on through a whole benchmark run (default workload, noisy 2-core VM: 0.70-0.80 of the
+schedule at 16-64). A size with fewer than NUM_BATCHES drafted batches follows the nearest smaller size that has them
+(and drafts where none has): per token, verification only gets dearer relative to a step's fixed cost as the batch
+grows. Measured, not replayed, because drafting over every prompt in a batch's first step costs 20-30% more than the
+step-cost model says at 64 requests and more.
 
 How deep: replayed. Where it drafts, a batch offers every request, untrimmed, the K >= 1 whose replays over the size's
 last NUM_BATCHES batches took least. The replays take each batch's own steps at the K it ran and find, from its trace,
@@ -46,7 +50,9 @@ from spec.step_cost import StepCostModel
 NUM_BATCHES = 3  # a size's decisions use its last 3 batches: one batch's time is noisy, and the first at a new size
 # can be far off (the benchmark's default workload, 64 requests: a first batch at 0.79 of decoding without drafts,
 # where adaptive verification had averaged 1.10 over a whole benchmark)
-RECHECK = 16  # a size where drafting lost drafts again every RECHECK-th closed batch: at a 12-17% loss, under 1%
+FIRST_RECHECK = 2  # a size where drafting just lost drafts again at its 2nd closed batch (the 1st measures decoding
+# without drafts), and each recheck that confirms the loss doubles the wait, up to RECHECK
+RECHECK = 16  # at last every 16th closed batch drafts: at a 12-17% loss, under 1%
 
 
 class ClosedBatchSchedule:
@@ -57,6 +63,7 @@ class ClosedBatchSchedule:
         self._drafted: dict[int, deque[float]] = {}
         self._undrafted: dict[int, deque[float]] = {}
         self._since_drafted: dict[int, int] = {}  # closed batches of that size run without drafts since one drafted
+        self._recheck: dict[int, int] = {}  # where drafting lost: the closed batch since one drafted that drafts again
         self._replays: dict[int, deque[list[float]]] = {}  # log2 batch size -> replayed seconds at K = 0, 1, ..
 
     def k_max(self, num_reqs: int) -> int | None:
@@ -71,10 +78,13 @@ class ClosedBatchSchedule:
     def allows_drafting(self, num_reqs: int) -> bool:
         """Whether a closed batch of num_reqs requests should draft (module docstring)."""
         size = num_reqs.bit_length()
+        recheck = self._recheck.get(size, FIRST_RECHECK)
+        return self._drafting_pays(size) or self._since_drafted.get(size, 0) + 1 >= recheck
+
+    def _drafting_pays(self, size: int) -> bool:
+        """What this size's drafted batches (or the nearest smaller size's, or none) say (module docstring)."""
         known = [s for s, ratios in self._drafted.items() if s <= size and len(ratios) == NUM_BATCHES]
-        if not known or self._pays(max(known)):
-            return True
-        return self._since_drafted.get(size, 0) + 1 >= RECHECK
+        return not known or self._pays(max(known))
 
     def _pays(self, size: int) -> bool:
         """Drafted batches of this size took no longer, relative to their replay without drafts, than undrafted ones."""
@@ -92,9 +102,14 @@ class ClosedBatchSchedule:
         trace = Trace(records, lengths)
         drafted = trace.drafted
         seconds = replayed_seconds(lengths, max_lengths, trace, k_limit if drafted else 0, timing, costs)
+        paid = self._drafting_pays(size)
         ratios = (self._drafted if drafted else self._undrafted).setdefault(size, deque(maxlen=NUM_BATCHES))
         ratios.append(math.log(timing.seconds / seconds[0]))
         self._since_drafted[size] = 0 if drafted else self._since_drafted.get(size, 0) + 1
+        if self._drafting_pays(size):
+            self._recheck.pop(size, None)
+        elif drafted:  # drafting lost with this batch, or lost again at its recheck: wait twice as long as before
+            self._recheck[size] = FIRST_RECHECK if paid else min(2 * self._recheck.get(size, FIRST_RECHECK), RECHECK)
         if len(seconds) > 1:
             self._replays.setdefault(size, deque(maxlen=NUM_BATCHES)).append(seconds)
 

@@ -7,7 +7,7 @@ from replay_testing import COSTS, record
 from rollout import RolloutGenerator, SamplingParams
 from spec import RequestAcceptance, StepCostModel
 from spec.batch_replay import BatchTiming, replayed_seconds
-from spec.closed_batch import NUM_BATCHES, RECHECK, ClosedBatchSchedule
+from spec.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, ClosedBatchSchedule
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
@@ -31,7 +31,7 @@ def _observe(schedule: ClosedBatchSchedule, lengths: list[int], ratio: float, dr
     schedule.observe(lengths, [64] * len(lengths), records, _timing(lengths, ratio, costs), costs, k_limit)
 
 
-def test_a_size_where_drafting_lost_decodes_without_drafts_and_rechecks():
+def test_a_size_where_drafting_lost_decodes_without_drafts_and_rechecks_sooner_than_later():
     schedule, lengths = ClosedBatchSchedule(), [3, 5, 8, 2]
     assert schedule.allows_drafting(4) and schedule.k_max(4) is None  # nothing known: draft, no cap
     for ratio in (0.7, 1.15, 1.2):  # one batch drafted fast, two slow: the median is what counts
@@ -40,17 +40,25 @@ def test_a_size_where_drafting_lost_decodes_without_drafts_and_rechecks():
     assert not schedule.allows_drafting(4) and schedule.k_max(4) == 0
     assert not schedule.allows_drafting(7) and not schedule.allows_drafting(200)  # its power of two and larger ones
     assert schedule.allows_drafting(3) and schedule.allows_drafting(1)  # smaller ones do not
+    # The 2nd batch after the verdict drafts again; each recheck that confirms the loss doubles the wait, up to RECHECK
+    for wait, ratio in ((FIRST_RECHECK, 1.3), (2 * FIRST_RECHECK, 1.25), (4 * FIRST_RECHECK, 1.3), (RECHECK, 1.2),
+                        (RECHECK, 0.8)):
+        for _ in range(wait - 1):
+            assert not schedule.allows_drafting(4)
+            _observe(schedule, lengths, 1.0, drafted=False)
+        assert schedule.allows_drafting(4) and schedule.k_max(4) is None  # the recheck (no replays: K = 0 limit)
+        _observe(schedule, lengths, ratio, drafted=True)
+        assert not schedule.allows_drafting(4)  # the median of the last 3 drafted batches is above 1.0
+    assert 4 * FIRST_RECHECK < RECHECK
     for _ in range(RECHECK - 1):
-        assert not schedule.allows_drafting(4)
         _observe(schedule, lengths, 1.0, drafted=False)
-    assert schedule.allows_drafting(4)  # the recheck
-    _observe(schedule, lengths, 0.8, drafted=True)  # drafting pays now: 0.8, 1.15, 1.2
-    assert not schedule.allows_drafting(4)
-    _observe(schedule, lengths, 1.0, drafted=False)  # on a par with the undrafted ones (1.0)
-    for _ in range(RECHECK - 2):
-        _observe(schedule, lengths, 1.0, drafted=False)
-    _observe(schedule, lengths, 0.9, drafted=True)  # 0.8, 0.9, 1.2: median 0.9 < 1.0
+    _observe(schedule, lengths, 0.9, drafted=True)  # 1.2, 0.8, 0.9: median 0.9 < 1.0, drafting pays again
     assert schedule.allows_drafting(4) and schedule.allows_drafting(200)
+    for _ in range(2):
+        _observe(schedule, lengths, 1.3, drafted=True)  # 0.9, 1.3, 1.3: lost again, the 2nd batch rechecks
+    assert not schedule.allows_drafting(4)
+    _observe(schedule, lengths, 1.0, drafted=False)
+    assert schedule.allows_drafting(4)
 
 
 def test_the_model_error_seen_without_drafts_cancels():
