@@ -13,8 +13,8 @@ untrimmed the replay takes the batch's own steps; at another it finds the runs o
 them. Measured on identical completions (benchmark workloads, 16 and 64 requests), from batches run at K = 8 the
 replays found the steps and verified tokens of K = 1, 2 and 4 within 0-1.6%; from K = 4, those of K = 8 within 2% at
 64 requests and 8-10% high at 16 on the default workload, where 1 position in 5 is drawn and the draws' spread
-lengthens the slowest request. Resampling whole steps instead (an earlier replay) ran 3-31% too many steps and
-charged up to 25% too many verified tokens at K = 8.
+lengthens the slowest request. Resampling whole steps instead (an earlier replay) ran up to 14% too many steps from
+batches run at K = 8, and charged up to 25% too many verified tokens at K = 8.
 
 A replayed step drafts, for each running request, K drafts or as many as its room allows if fewer (max_tokens and
 max_model_len: k drafts emit up to k + 1 tokens), and none past its stop token where the drafter drafted it, as the
@@ -81,6 +81,7 @@ class Trace:
 
     @property
     def drafted(self) -> bool:
+        """Whether the batch verified any draft."""
         return bool((self.outcomes != UNSEEN).any())
 
     def unseen_acceptance(self) -> np.ndarray:
