@@ -8,13 +8,13 @@ all accepted, a step that offered none). A replayed step at K from position s ac
 first rejected one, at most K, and emits one token more: the drafter's draft at a position depends on the tokens
 before it, which the replay keeps, not on where its step began (so for a draft model, where the arms of the benchmark
 agreed on every position both verified; an n-gram drafter's continuation can differ). Unseen positions are drawn,
-REPLAYS times, from a two-state Markov chain along each completion (Trace.unseen_acceptance). At the K the batch ran
-untrimmed the replay takes the batch's own steps; at another it finds the runs of easy tokens where the batch found
-them. Measured on identical completions (benchmark workloads, 16 and 64 requests), from batches run at K = 8 the
-replays found the steps and verified tokens of K = 1, 2 and 4 within 0-1.6%; from K = 4, those of K = 8 within 2% at
-64 requests and 8-10% high at 16 on the default workload, where 1 position in 5 is drawn and the draws' spread
-lengthens the slowest request. Resampling whole steps instead (an earlier replay) ran up to 14% too many steps from
-batches run at K = 8, and charged up to 25% too many verified tokens at K = 8.
+REPLAYS times, at their chances under a two-state Markov chain along each completion (Trace.unseen_acceptance), by
+systematic sampling (Trace.draws). At the K the batch ran untrimmed the replay takes the batch's own steps; at another
+it finds the runs of easy tokens where the batch found them. Measured on identical completions (benchmark workloads,
+16 and 64 requests), from batches run at K = 8 the replays found the steps of K = 1, 2 and 4 within 0.6% and their
+verified tokens within 1%; from K = 4, the steps of K = 8 within 2%, but 6% high at 16 requests on the default
+workload, where 1 position in 5 is drawn. Resampling whole steps instead (an earlier replay) ran up to 14% too many
+steps from batches run at K = 8, and charged up to 25% too many verified tokens at K = 8.
 
 A replayed step drafts, for each running request, K drafts or as many as its room allows if fewer (max_tokens and
 max_model_len: k drafts emit up to k + 1 tokens), and none past its stop token where the drafter drafted it, as the
@@ -36,8 +36,8 @@ from spec.step_cost import StepCostModel
 ACCEPTED, REJECTED, UNSEEN = 1, 0, -1  # a position's draft in the batch's trace
 PRIOR = 2.0  # a request's rates at unseen positions count the batch's with the weight of 2 of its own positions: a
 # request with one or two verified drafts (or none) is not judged by them alone
-REPLAYS = 8  # draws of the unseen positions: at 16 requests, one K's replayed time over another's moves by 0.2-1.5%
-# (sd) between seeds
+REPLAYS = 8  # draws of the unseen positions: at 16 requests, one K's replayed time over another's moves by at most
+# 0.6% (sd) between seeds
 _SEED = 0  # common random numbers: every K and every batch replays the same draws
 
 
@@ -103,10 +103,17 @@ class Trace:
         return np.where(after_accepted, likely / np.maximum(likely + unlikely, 1e-12), overall[:, None])
 
     def draws(self, num_draws: int, rng: np.random.Generator) -> np.ndarray:
-        """[draw, request, position]: whether a draft there is accepted, the unseen positions drawn."""
+        """[draw, request, position]: whether a draft there is accepted, the unseen positions drawn by systematic
+        sampling along each completion: each at its chance, and as many accepted in a request as the sum of their
+        chances, rounded up or down. Drawn independently, the counts spread, and a batch's slowest request with them:
+        from batches run at K = 4, the replays ran K = 8 9.6% too many steps, against 5.9% (default workload, 16
+        requests; from K = 1 and 2, 11-18% against 7-14%)."""
         unseen = self.outcomes == UNSEEN
-        return np.where(unseen, rng.random((num_draws, *unseen.shape)) < self.unseen_acceptance(),
-                        self.outcomes == ACCEPTED)
+        chance = np.where(unseen, self.unseen_acceptance(), 0.0)
+        cumulative = np.cumsum(chance, axis=1)
+        offset = rng.random((num_draws, len(chance), 1))
+        drawn = np.floor(cumulative + offset) > np.floor(cumulative - chance + offset)
+        return np.where(unseen, drawn, self.outcomes == ACCEPTED)
 
 
 def _shifted(mask: np.ndarray, by: int) -> np.ndarray:
@@ -180,7 +187,8 @@ def _seconds(running: np.ndarray, drafts: np.ndarray, timing: BatchTiming, costs
              for drafted, verified in zip(drafting[:, 0, 0].tolist(), tokens[:, 0, 0].tolist())]
     later = rows[..., 1:] > 0
     width = int(tokens.max()) + 1
-    shapes, where = np.unique(rows[..., 1:][later] * width + tokens[..., 1:][later], return_inverse=True)  # (rows, tokens)
+    # each later step's (rows, tokens) as one number, and the verification cost of each such shape once
+    shapes, where = np.unique(rows[..., 1:][later] * width + tokens[..., 1:][later], return_inverse=True)
     verify = np.zeros(later.shape)
     verify[later] = np.array([costs.verify_cost(*divmod(shape, width)) for shape in shapes.tolist()])[where]
     total = (verify + (drafting[..., 1:] + timing.other_seconds_per_step) * later).sum((1, 2)) / rows.shape[1]

@@ -27,7 +27,7 @@ step-cost model says at 64 requests and more.
 How deep: replayed. Where it drafts, a batch offers every request, untrimmed, the K >= 1 whose replays over the size's
 last NUM_BATCHES batches took least. The replays take each batch's own steps at the K it ran and find, from its trace,
 the steps and verified tokens of the others within 2% (default and mixed workloads, 16 and 64 requests, from batches
-run at K = 4 and 8), but for K = 8 from K = 4 at 16 requests on the default workload (8-10% too many steps); an
+run at K = 4 and 8), but for K = 8 from K = 4 at 16 requests on the default workload (6% too many steps); an
 earlier replay that resampled whole steps priced K = 8 8-14% high relative to K = 4, and the largest K within 5% of
 the best was offered to make up for it. What is left is the step-cost model's error from one K's steps to another's.
 Untrimmed, because per-request trimming is what loses in a closed batch: it cuts the drafts of the requests the

@@ -1,4 +1,4 @@
-"""Replaying a closed batch at a uniform K: its trace, the draws at unseen positions, and the replay's steps and costs."""
+"""Replaying a closed batch at a uniform K: its trace, the draws at unseen positions, the replay's steps and costs."""
 
 import numpy as np
 import pytest
@@ -62,6 +62,16 @@ def test_draws_keep_the_seen_positions_and_draw_the_unseen_at_their_chance():
     assert (draws[:, 0, seen] == (trace.outcomes[0, seen] == A)).all()
     # 4000 draws: the sd of a drawn frequency is at most 0.008, so 0.03 is nearly 4 of them
     assert draws[:, 0, ~seen].mean(axis=0) == pytest.approx(trace.unseen_acceptance()[0, ~seen], abs=0.03)
+
+
+def test_a_request_accepts_as_many_unseen_drafts_as_their_chances_add_up_to():
+    # 20 unseen positions after accepted drafts (one accepted draft a step, then the token after it), each at the
+    # chance f^2 / (f^2 + (1 - f) g) of the chain, every draw accepts the sum of those chances, rounded down or up
+    trace = Trace([record([(1, 1)] * 20 + [(1, 0)] * 4)], [44])
+    unseen = trace.outcomes[0] == U
+    total = trace.unseen_acceptance()[0, unseen].sum()
+    counts = trace.draws(500, np.random.default_rng(0))[:, 0, unseen].sum(axis=1)
+    assert 0 < total % 1 and set(counts.tolist()) == {int(total), int(total) + 1}
 
 
 def test_a_replay_ends_each_step_at_its_first_rejected_draft_at_any_k():
