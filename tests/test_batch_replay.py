@@ -3,12 +3,11 @@
 import numpy as np
 import pytest
 
-from replay_testing import COSTS, record
-from spec import RequestAcceptance, StepCostModel
+from replay_testing import COSTS, flat_costs, record
+from spec import RequestAcceptance
 from spec.batch_replay import ACCEPTED as A, PRIOR, REJECTED as R, UNSEEN as U, BatchTiming, Trace, replayed_seconds
 
-# Verification 1 s a step whatever its tokens, draft forwards next to free: a replay's seconds count its steps
-STEPS = StepCostModel({n: {n: 1.0, 16 * n: 1.0} for n in (1, 2, 4)}, {1: 1e-9, 4: 1e-9})
+STEPS = flat_costs(1e-9)  # draft forwards next to free: a replay's seconds count its steps
 
 
 def _timing(first: float = 4.0, other: float = 0.5) -> BatchTiming:

@@ -3,7 +3,7 @@ engine running both."""
 
 import pytest
 
-from replay_testing import COSTS, record
+from replay_testing import COSTS, flat_costs, record
 from rollout import RolloutGenerator, SamplingParams
 from spec import RequestAcceptance, StepCostModel
 from spec.batch_replay import BatchTiming, replayed_seconds
@@ -73,11 +73,6 @@ def test_the_model_error_seen_without_drafts_cancels():
     assert not schedule.allows_drafting(3)
 
 
-def _flat(draft_seconds: float) -> StepCostModel:
-    """Verification at 1 s a step whatever its tokens; a draft forward at draft_seconds."""
-    return StepCostModel({n: {n: 1.0, 8 * n: 1.0} for n in (1, 2, 4)}, {1: draft_seconds, 4: draft_seconds})
-
-
 # 4 requests of 40 tokens whose drafts are accepted twice, then rejected, over and over (every position seen, so the
 # replays draw nothing): a step emits 2 tokens at K = 1, 3 at K = 2 and at K = 3, whose third draft is always
 # rejected. At 0.3 s a draft forward and 1 s a verification, K = 0-3 replay at 39.0, 34.1, 21.1, 25.0 s
@@ -89,22 +84,22 @@ LONG = [40] * 4
 
 def test_a_size_offers_the_k_its_replays_found_fastest():
     schedule = ClosedBatchSchedule()
-    _observe(schedule, LONG, 1.0, drafted=True, costs=_flat(0.3), records=TWO_IN_THREE, k_limit=3)
+    _observe(schedule, LONG, 1.0, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3)
     assert schedule._replays[3][0] == [pytest.approx(s) for s in (39.0, 34.1, 21.1, 25.0)]
     assert schedule.k_max(4) == 2 and schedule.k_max(7) == 2
     assert schedule.k_max(8) is None and schedule.k_max(3) is None  # other powers of two have no batch yet: no cap
     for _ in range(NUM_BATCHES):  # the last NUM_BATCHES batches decide: their third drafts are accepted
-        _observe(schedule, LONG, 1.0, drafted=True, costs=_flat(0.02), records=THREE_IN_FOUR, k_limit=3)
+        _observe(schedule, LONG, 1.0, drafted=True, costs=flat_costs(0.02), records=THREE_IN_FOUR, k_limit=3)
     assert schedule.k_max(4) == 3
     schedule = ClosedBatchSchedule()
-    _observe(schedule, LONG, 1.0, drafted=True, costs=_flat(0.3), records=TWO_IN_THREE, k_limit=0)
+    _observe(schedule, LONG, 1.0, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=0)
     assert schedule.k_max(4) is None  # a batch allowed no drafts is not replayed
 
 
 def test_where_drafting_lost_the_replays_do_not_bring_it_back():
     schedule = ClosedBatchSchedule()
     for _ in range(NUM_BATCHES):  # replays say K = 2, but the batches ran 30% over their replay without drafts
-        _observe(schedule, LONG, 1.3, drafted=True, costs=_flat(0.3), records=TWO_IN_THREE, k_limit=3)
+        _observe(schedule, LONG, 1.3, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3)
     assert schedule.k_max(4) == 0
 
 
@@ -153,7 +148,7 @@ def test_under_its_cap_a_closed_batch_offers_every_request_the_cap_untrimmed(tar
     open_batch = generator.generate(prompts + prompts[:2], 1, GREEDY, use_tqdm=False)  # 5 > max_num_seqs: not closed
     assert open_batch.stats["draft_cap"] == 3  # no cap: the per-step policy trims, from its second step on
     assert all(0 in s.acceptance["k_per_step"][1:-1] for s in open_batch.samples)
-    _observe(generator.adaptive.closed_batch, LONG[:3], 1.0, drafted=True, costs=_flat(0.3), records=TWO_IN_THREE[:3],
+    _observe(generator.adaptive.closed_batch, LONG[:3], 1.0, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
              k_limit=3)  # size 3: K = 2
     batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
     assert batch.stats["draft_cap"] == 2 and batch.metrics["spec/draft_cap"] == 2.0
@@ -167,7 +162,7 @@ def test_under_its_cap_a_closed_batch_offers_every_request_the_cap_untrimmed(tar
 
 def test_a_batch_larger_than_max_num_seqs_is_not_a_closed_batch(target, draft):
     generator = _adaptive(target, draft, max_num_seqs=2)
-    _observe(generator.adaptive.closed_batch, LONG[:3], 1.0, drafted=True, costs=_flat(0.3), records=TWO_IN_THREE[:3],
+    _observe(generator.adaptive.closed_batch, LONG[:3], 1.0, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
              k_limit=3)  # size 3: K = 2
     batch = generator.generate([[5, 6, 7], [3, 4], [9, 9]], 1, GREEDY, use_tqdm=False)  # waits for a slot
     assert batch.stats["draft_cap"] == 3  # the per-step policy alone decides
