@@ -24,18 +24,19 @@ schedule at 16-64). A size with fewer than NUM_BATCHES drafted batches follows t
 grows. Measured, not replayed, because drafting over every prompt in a batch's first step costs 20-30% more than the
 step-cost model says at 64 requests and more.
 
-How deep: replayed. Where it drafts, a batch offers every request, untrimmed, the K >= 1 whose replays over the size's
-last NUM_BATCHES batches took least. The replays take each batch's own steps at the K it ran and find, from its trace,
-the steps and verified tokens of the others within 2% (default and mixed workloads, 16 and 64 requests, from batches
-run at K = 4 and 8), but for K = 8 from K = 4 at 16 requests on the default workload (6% too many steps); an
-earlier replay that resampled whole steps priced K = 8 8-14% high relative to K = 4, and the largest K within 5% of
-the best was offered to make up for it. What is left is the step-cost model's error from one K's steps to another's.
-Untrimmed, because per-request trimming is what loses in a closed batch: it cuts the drafts of the requests the
-drafter predicts badly, which are the ones the batch waits on, and each step's rate counts a token of any request
-alike, where the batch's time is its slowest request's steps. Capped at the best K and trimming below it, adaptive
-verification ran 2-9% behind that K for every request (mixed workload, 16 requests); not capped at all, 5-8% behind
-K = 8 for every request on the default workload at 4-16 requests (10.5 steps a batch of 8 where K = 8 took 8.9). A
-size with no batch of its own is not capped: the per-step policy trims, and the batch's records start its replays.
+How deep: replayed. Where it drafts, a batch offers every request, untrimmed, the K >= 1 whose replays over the
+size's last batches took least (the last NUM_BATCHES, or as many as hold REPLAY_REQUESTS requests). The replays take
+each batch's own steps at the K it ran and find, from its trace, the steps and verified tokens of the others within
+2% (default and mixed workloads, 16 and 64 requests, from batches run at K = 4 and 8), but for K = 8 from K = 4 at
+16 requests on the default workload (6% too many steps); an earlier replay that resampled whole steps priced K = 8
+8-14% high relative to K = 4, and the largest K within 5% of the best was offered to make up for it. What is left is
+the step-cost model's error from one K's steps to another's. Untrimmed, because per-request trimming is what loses
+in a closed batch: it cuts the drafts of the requests the drafter predicts badly, which are the ones the batch waits
+on, and each step's rate counts a token of any request alike, where the batch's time is its slowest request's steps.
+Capped at the best K and trimming below it, adaptive verification ran 2-9% behind that K for every request (mixed
+workload, 16 requests); not capped at all, 5-8% behind K = 8 for every request on the default workload at 4-16
+requests (10.5 steps a batch of 8 where K = 8 took 8.9). A size with no batch of its own is not capped: the per-step
+policy trims, and the batch's records start its replays.
 """
 
 import math
@@ -52,6 +53,11 @@ NUM_BATCHES = 3  # a size's decisions use its last 3 batches: one batch's time i
 FIRST_RECHECK = 2  # a size where drafting just lost drafts again at its 2nd closed batch (the 1st measures decoding
 # without drafts), and each recheck that confirms the loss doubles the wait, up to RECHECK
 RECHECK = 16  # at last every 16th closed batch drafts: at a 12-17% loss, under 1%
+REPLAY_REQUESTS = 64  # how deep a size drafts follows its last batches' replays over at least 64 requests (and
+# NUM_BATCHES batches): a small batch's few completions replay with their own luck. Over 3 batches, the K offered
+# moved between 4 and 8 at 2 requests on the default workload, 8% behind K = 8 (median of 24 batches, each timed
+# against K = 8's on the same prompts), and between 1 and 4 at 4 requests on the mixed one, 5% behind K = 2; over 64
+# requests, K = 8 throughout (3% behind, on the same steps as K = 8), and 2-3 (even with K = 2)
 
 
 class ClosedBatchSchedule:
@@ -63,7 +69,8 @@ class ClosedBatchSchedule:
         self._undrafted: dict[int, deque[float]] = {}
         self._since_drafted: dict[int, int] = {}  # closed batches of that size run without drafts since one drafted
         self._recheck: dict[int, int] = {}  # where drafting lost: the closed batch since one drafted that drafts again
-        self._replays: dict[int, deque[list[float]]] = {}  # log2 batch size -> replayed seconds at K = 0, 1, ..
+        # log2 batch size -> its last batches' sizes and replayed seconds at K = 0, 1, ..
+        self._replays: dict[int, deque[tuple[int, list[float]]]] = {}
 
     def k_max(self, num_reqs: int) -> int | None:
         """The K a closed batch of num_reqs requests offers every request, untrimmed (0: no drafts); None where the
@@ -72,7 +79,7 @@ class ClosedBatchSchedule:
         if not self.allows_drafting(num_reqs):
             return 0
         replays = self._replays.get(num_reqs.bit_length())
-        return None if replays is None else best_k(replays)
+        return None if replays is None else best_k([seconds for _, seconds in replays])
 
     def allows_drafting(self, num_reqs: int) -> bool:
         """Whether a closed batch of num_reqs requests should draft (module docstring)."""
@@ -110,7 +117,10 @@ class ClosedBatchSchedule:
         elif drafted:  # drafting lost with this batch, or lost again at its recheck: wait twice as long as before
             self._recheck[size] = FIRST_RECHECK if paid else min(2 * self._recheck.get(size, FIRST_RECHECK), RECHECK)
         if len(seconds) > 1:
-            self._replays.setdefault(size, deque(maxlen=NUM_BATCHES)).append(seconds)
+            replays = self._replays.setdefault(size, deque())
+            replays.append((len(lengths), seconds))
+            while len(replays) > NUM_BATCHES and sum(n for n, _ in replays) - replays[0][0] >= REPLAY_REQUESTS:
+                replays.popleft()
 
 
 def best_k(replays) -> int:

@@ -7,7 +7,7 @@ from replay_testing import COSTS, flat_costs, record
 from rollout import RolloutGenerator, SamplingParams
 from spec import RequestAcceptance, StepCostModel
 from spec.batch_replay import BatchTiming, replayed_seconds
-from spec.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, ClosedBatchSchedule
+from spec.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, REPLAY_REQUESTS, ClosedBatchSchedule
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
@@ -85,12 +85,22 @@ LONG = [40] * 4
 def test_a_size_offers_the_k_its_replays_found_fastest():
     schedule = ClosedBatchSchedule()
     _observe(schedule, LONG, 1.0, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3)
-    assert schedule._replays[3][0] == [pytest.approx(s) for s in (39.0, 34.1, 21.1, 25.0)]
+    assert schedule._replays[3][0] == (4, [pytest.approx(s) for s in (39.0, 34.1, 21.1, 25.0)])
     assert schedule.k_max(4) == 2 and schedule.k_max(7) == 2
     assert schedule.k_max(8) is None and schedule.k_max(3) is None  # other powers of two have no batch yet: no cap
-    for _ in range(NUM_BATCHES):  # the last NUM_BATCHES batches decide: their third drafts are accepted
+    for _ in range(REPLAY_REQUESTS // len(LONG)):  # their third drafts are accepted
+        assert schedule._replays[3][0][1][3] == pytest.approx(25.0)  # the first batch's replay still counts
         _observe(schedule, LONG, 1.0, drafted=True, costs=flat_costs(0.02), records=THREE_IN_FOUR, k_limit=3)
+    # The batches replayed hold REPLAY_REQUESTS requests: the first one has gone
+    assert len(schedule._replays[3]) == REPLAY_REQUESTS // len(LONG) and schedule._replays[3][0][1][3] < 25.0
     assert schedule.k_max(4) == 3
+    wide = [40] * REPLAY_REQUESTS  # batches as large as REPLAY_REQUESTS: the last NUM_BATCHES decide
+    _observe(schedule, wide, 1.0, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:1] * len(wide), k_limit=3)
+    assert schedule.k_max(len(wide)) == 2
+    for _ in range(NUM_BATCHES):
+        _observe(schedule, wide, 1.0, drafted=True, costs=flat_costs(0.02), records=THREE_IN_FOUR[:1] * len(wide),
+                 k_limit=3)
+    assert len(schedule._replays[len(wide).bit_length()]) == NUM_BATCHES and schedule.k_max(len(wide)) == 3
     schedule = ClosedBatchSchedule()
     _observe(schedule, LONG, 1.0, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=0)
     assert schedule.k_max(4) is None  # a batch allowed no drafts is not replayed
