@@ -6,21 +6,23 @@ verification, and schedule + adaptive verification, side by side, on two workloa
 
 Workloads: `default` (the default task's arithmetic prompts, which the draft predicts well) and `mixed` (half of
 them, half strings of digits and signs that are not questions, on which the draft's acceptance is ~4x lower), so
-that acceptance differs between requests. Every arm rolls out the same prompts with the same sampling settings
-and seeds on the embedded default pair and the same in-memory weights, and so the same completions (verification's
+that acceptance differs between requests. Every arm rolls out the same prompts with the same sampling settings and
+seeds on the embedded default pair and the same in-memory weights, and so the same completions (verification's
 randomness is keyed by position, spec/uniforms.py): the arms differ only in how fast they produce them. Runs are
 interleaved (the arm order rotates every repeat) so that machine noise hits every arm alike. Each repeat draws new
 prompts and a new seed (the same for every arm), and tokens/s is all repeats' tokens over their time: a small
 batch's speed depends on how its completions happen to end, so it gets `--repeats` rollouts and larger batches
 proportionally fewer, at least `--min-repeats` (the machine's timing noise is then what is left to average out).
-Adaptive arms keep their calibration and refined costs across calls, as a training run does; every arm runs once
-untimed first, and then `--warmup` untimed batches at each batch size before its timed ones: a training run repeats
-its batch size every step, and adaptive verification's closed-batch decisions (spec/closed_batch.py) use a batch
-size's last 3 batches there (the warm-up batches' tokens/s are reported too). HF `model.generate` on the same target
-is one more arm on the default workload. Also reported: verified tokens per emitted token per arm, the adaptive arms
-over the best other arm both as measured and with that arm chosen on the other half of the repeats
-(`held_out_ratio`: the best of several noisy arms is biased up), and the speedup the measured step costs predict for
-each static K (spec/tuning.py).
+Adaptive arms keep their calibration, refined costs and closed-batch records across calls, as a training run does
+(and across workloads: the mixed one starts with the default one's records); every arm runs once untimed first, and
+then `--warmup` untimed batches at each batch size before its timed ones: a training run repeats its batch size
+every step, and adaptive verification's closed-batch decisions (spec/closed_batch.py) use a batch size's last 3
+batches there, more at up to 16 requests (the warm-up batches' tokens/s are reported too). HF `model.generate` on
+the same target is one more arm on the default workload. Also reported: verified tokens per emitted token per arm,
+the adaptive arms over the best other arm both as measured and with that arm chosen on the other half of the repeats
+(`held_out_ratio`: the best of several noisy arms is biased up), the same ratios paired repeat by repeat
+(`paired_ratio`: robust to a slow spell of the machine), and the speedup the measured step costs predict for each
+static K (spec/tuning.py).
 Writes bench_speculation.json and bench_speculation.png (default folder: examples/results).
 """
 
@@ -154,8 +156,24 @@ def verdicts(arms_result: dict) -> dict:
             **{f"{arm}_over_best_other_held_out": held_out_ratio(arms_result, arm, list(others))
                for arm in ("adaptive", "schedule_adaptive")},
             **{f"{arm}_over_schedule": tps[arm] / tps["schedule"] for arm in ("adaptive", "schedule_adaptive")},
+            "paired": {**{f"{arm}_over_best_other": min(paired_ratio(arms_result, arm, o) for o in others)
+                          for arm in ("adaptive", "schedule_adaptive")},
+                       **{f"{arm}_over_schedule": paired_ratio(arms_result, arm, "schedule")
+                          for arm in ("adaptive", "schedule_adaptive")}},
             "best_static_over_no_spec": tps[best_static] / tps["no_spec"],
             "verified_per_emitted": {n: v for n, v in verified.items() if v is not None}}
+
+
+def paired_ratio(arms_result: dict, arm: str, other: str) -> float:
+    """The median over repeats of arm's tokens/s over other's on the same repeat. The arms roll out the same
+    completions, so each repeat is a paired comparison made seconds apart; a slow spell of the machine that spans
+    both runs cancels, and one that hits one of them is an outlier that the median ignores. On a noisy 2-core VM, the
+    schedule and K = 8 (identical work up to 22 requests) came out 0.86-1.03 of each other as total tokens over total
+    time, and 0.97-1.02 as this median (24 repeats each, the per-repeat ratios spanning 0.54-2.05). Over the other
+    arms, the ratio reported is the least of the paired ones: against the best other arm, as each pair sees it."""
+    pairs = zip(arms_result[arm]["repeats"], arms_result[other]["repeats"])
+    return statistics.median((tokens / seconds) / (other_tokens / other_seconds)
+                             for (tokens, seconds), (other_tokens, other_seconds) in pairs)
 
 
 def held_out_ratio(arms_result: dict, arm: str, others: list[str]) -> float:
@@ -262,7 +280,9 @@ def main() -> None:
                   f"{v['adaptive_over_best_other']:.2f} (held out {v['adaptive_over_best_other_held_out']:.2f})  "
                   f"schedule+adaptive/best other {v['schedule_adaptive_over_best_other']:.2f} (held out "
                   f"{v['schedule_adaptive_over_best_other_held_out']:.2f})  schedule+adaptive/schedule "
-                  f"{v['schedule_adaptive_over_schedule']:.2f}")
+                  f"{v['schedule_adaptive_over_schedule']:.2f}  paired: adaptive/best other "
+                  f"{v['paired']['adaptive_over_best_other']:.2f}  schedule+adaptive/best other "
+                  f"{v['paired']['schedule_adaptive_over_best_other']:.2f}")
     print(f"wrote {out / 'bench_speculation.json'} and {out / 'bench_speculation.png'}")
 
 
