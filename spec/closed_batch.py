@@ -25,18 +25,18 @@ grows. Measured, not replayed, because drafting over every prompt in a batch's f
 step-cost model says at 64 requests and more.
 
 How deep: replayed. Where it drafts, a batch offers every request, untrimmed, the K >= 1 whose replays over the
-size's last batches took least (the last NUM_BATCHES, or as many as hold REPLAY_REQUESTS requests). The replays take
-each batch's own steps at the K it ran and find, from its trace, the steps and verified tokens of the others within
-2% (default and mixed workloads, 16 and 64 requests, from batches run at K = 4 and 8), but for K = 8 from K = 4 at
-16 requests on the default workload (6% too many steps); an earlier replay that resampled whole steps priced K = 8
-8-14% high relative to K = 4, and the largest K within 5% of the best was offered to make up for it. What is left is
-the step-cost model's error from one K's steps to another's. Untrimmed, because per-request trimming is what loses
-in a closed batch: it cuts the drafts of the requests the drafter predicts badly, which are the ones the batch waits
-on, and each step's rate counts a token of any request alike, where the batch's time is its slowest request's steps.
-Capped at the best K and trimming below it, adaptive verification ran 2-9% behind that K for every request (mixed
-workload, 16 requests); not capped at all, 5-8% behind K = 8 for every request on the default workload at 4-16
-requests (10.5 steps a batch of 8 where K = 8 took 8.9). A size with no batch of its own is not capped: the per-step
-policy trims, and the batch's records start its replays.
+size's last batches took least (the last NUM_BATCHES, or more where those hold fewer than REPLAY_REQUESTS requests).
+The replays take each batch's own steps at the K it ran and find, from its trace, the steps and verified tokens of
+the others within 2% (default and mixed workloads, 16 and 64 requests, from batches run at K = 4 and 8), but for K =
+8 from K = 4 at 16 requests on the default workload (6% too many steps); an earlier replay that resampled whole
+steps priced K = 8 8-14% high relative to K = 4, and the largest K within 5% of the best was offered to make up for
+it. What is left is the step-cost model's error from one K's steps to another's. Untrimmed, because per-request
+trimming is what loses in a closed batch: it cuts the drafts of the requests the drafter predicts badly, which are
+the ones the batch waits on, and each step's rate counts a token of any request alike, where the batch's time is its
+slowest request's steps. Capped at the best K and trimming below it, adaptive verification ran 2-9% behind that K
+for every request (mixed workload, 16 requests); not capped at all, 5-8% behind K = 8 for every request on the
+default workload at 4-16 requests (10.5 steps a batch of 8 where K = 8 took 8.9). A size with no batch of its own is
+not capped: the per-step policy trims, and the batch's records start its replays.
 """
 
 import math
