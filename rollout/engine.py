@@ -7,9 +7,8 @@ slot is cropped back to the invariant: rejected drafts vanish by moving the leng
 
 With adaptive verification (spec/adaptive.py) the proposal is trimmed per request before verification, and
 after it the judged drafts teach the calibrator and the measured times refine the step-cost model. A run whose
-requests all start at its first step (a closed batch) drafts only where such batches have paid for their drafts, and
-where replaying the last ones of its size found a K fastest, offers that K to every request, untrimmed
-(spec/closed_batch.py); its outcome teaches both.
+requests all start at its first step (a closed batch) offers every request, untrimmed, the K that replaying the last
+ones of its size found fastest, 0 included (spec/closed_batch.py); its outcome is replayed in turn.
 """
 
 import time

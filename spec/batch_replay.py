@@ -18,10 +18,13 @@ steps from batches run at K = 8, and charged up to 25% too many verified tokens 
 
 A replayed step drafts, for each running request, K drafts or as many as its room allows if fewer (max_tokens and
 max_model_len: k drafts emit up to k + 1 tokens), and none past its stop token where the drafter drafted it, as the
-engine does. It costs the step-cost model's draft forwards over the rows still drafting at each depth, and verifying
-one token per running request plus its drafts, plus the batch's measured time per step outside drafting and
-verification. Its first step (prompts) is the measured one less its drafting and its drafts' verification, plus the
-replayed drafts' forwards and verification. At K = 0 that is one token per running request per step, and no draws.
+engine does. It costs the step-cost model's draft forwards over the rows still drafting at each depth (the first
+one a token more per row whose drafts the replay accepted in full the step before), and verifying one token per
+running request plus its drafts, plus the batch's measured time per step outside drafting and verification. Its
+first step (prompts) is the measured one less its drafting and its drafts' verification, plus the replayed drafts'
+forwards and verification, and where it drafts, the drafter's prompt prefill: what the measured first step's
+drafting took beyond its own draft forwards in the model. At K = 0 that is one token per running request per step,
+and no draws.
 Replaying K = 0-8 takes about 0.6 ms after a batch of 1 request, 2 ms after one of 16, 25 ms after one of 256
 (2-core CPU).
 """
@@ -48,12 +51,14 @@ class BatchTiming:
     draft_seconds: float = 0.0  # proposing
     verify_seconds: float = 0.0  # target forward, rejection sampling, commit
     first_step_seconds: float = 0.0  # the first step (it prefills the prompts), less its drafting
+    first_step_draft_seconds: float = 0.0  # the first step's drafting (the drafter prefills the prompts too)
     first_step_drafts: int = 0  # drafts the first step verified
     num_steps: int = 0
 
     def observe_step(self, seconds: float, draft_seconds: float, verify_seconds: float, num_drafts: int = 0) -> None:
         if not self.num_steps:
             self.first_step_seconds, self.first_step_drafts = seconds - draft_seconds, num_drafts
+            self.first_step_draft_seconds = draft_seconds
         self.seconds += seconds
         self.draft_seconds += draft_seconds
         self.verify_seconds += verify_seconds
@@ -71,6 +76,7 @@ class Trace:
 
     def __init__(self, records: list[RequestAcceptance], lengths: list[int]):
         self.outcomes = np.full((len(records), max(lengths)), UNSEEN, dtype=np.int8)
+        self.first_drafts = np.array([record.k_per_step[0] if record.k_per_step else 0 for record in records])
         for row, record in zip(self.outcomes, records):
             start = 0  # the step's first position: its first draft's, or its one token's where it offered none
             for offered, accepted in zip(record.k_per_step, record.num_accepted_per_step):
@@ -141,18 +147,33 @@ def replayed_seconds(lengths: list[int], max_lengths: list[int], trace: Trace | 
     Every k replays the same draws, so their differences are not the draws' noise."""
     lengths, max_lengths = np.asarray(lengths), np.asarray(max_lengths)
     running = np.arange(lengths.max()) < lengths[:, None]  # without drafts, one token a step
-    seconds = _seconds(running[None, None], np.zeros(running.shape, dtype=np.int64)[None, None], timing, costs)
+    none = np.zeros(running.shape, dtype=np.int64)[None, None]
+    seconds = _seconds(running[None, None], none, none, timing, costs)
     if k_max:
         accepted = trace.draws(REPLAYS, np.random.default_rng(_SEED))
-        seconds += _seconds(*_steps(accepted, lengths, max_lengths, k_max), timing, costs)
+        seconds += _seconds(*_steps(accepted, lengths, max_lengths, k_max), timing, costs,
+                            _prefill_seconds(trace.first_drafts, timing, costs))
     return seconds
 
 
+def _prefill_seconds(first_drafts: np.ndarray, timing: BatchTiming, costs: StepCostModel) -> float:
+    """The measured first step's drafting beyond what its draft forwards cost in the model: the drafter prefills the
+    prompts there (at 256 requests that is most of the step's drafting), at any K; 0 where it drafted nothing."""
+    forward = costs.draft_forward_costs(len(first_drafts))
+    rows = [(first_drafts >= depth).sum() for depth in range(1, first_drafts.max() + 1)]  # per draft forward
+    modelled = sum(forward[n - 1] for n in rows)
+    return max(timing.first_step_draft_seconds - modelled, 0.0) if first_drafts.any() else 0.0
+
+
 def _steps(accepted: np.ndarray, lengths: np.ndarray, max_lengths: np.ndarray, k_max: int):
-    """Per k = 1 .. k_max, each replayed step's running requests and the drafts it offers them: [k, draw, request,
-    step]. A step offers k drafts, or as many as the request's room allows (k drafts emit up to k + 1 tokens), and none
-    past its stop token where the drafter drafted it (its draft there accepted: the engine drops a proposal's drafts
-    after a stop token); it emits the accepted run from where the request stands, plus one token."""
+    """Per k = 1 .. k_max, each replayed step's running requests, the drafts it offers them, and whether the drafter
+    is fed 2 tokens there, not 1: [k, draw, request, step]. A step offers k drafts, or as many as the request's room
+    allows (k drafts emit up to k + 1 tokens), and none past its stop token where the drafter drafted it (its draft
+    there accepted: the engine drops a proposal's drafts after a stop token); it emits the accepted run from where the
+    request stands, plus one token. Where every draft of the request's last step was accepted, the drafter's first
+    forward feeds it that step's last draft (never fed: it was drafted from the one before) and the token after it
+    (spec/proposers/draft_model.py); at K = 1 on the default workload that is 9 rows in 10, and at 256 requests such
+    a forward took 17-18 ms where the draft curve's one token per row reads 10."""
     num_draws, num_reqs, longest = accepted.shape
     positions = np.arange(longest)
     first_rejected = np.minimum.accumulate(np.where(accepted, longest, positions)[..., ::-1], axis=2)[..., ::-1]
@@ -162,28 +183,35 @@ def _steps(accepted: np.ndarray, lengths: np.ndarray, max_lengths: np.ndarray, k
     offset = (np.arange(num_draws)[:, None] * num_reqs + np.arange(num_reqs)) * longest  # [draw, request] in runs
     ks = np.arange(1, k_max + 1)[:, None, None]
     before = np.zeros((k_max, num_draws, num_reqs), dtype=np.int64)  # tokens emitted before the step
-    steps_running, steps_drafts = [], []
+    all_accepted = np.zeros(before.shape, dtype=bool)  # the last step's drafts, if any
+    steps_running, steps_drafts, steps_wide = [], [], []
     while True:
         running = before < lengths
         if not running.any():
-            return np.stack(steps_running, axis=3), np.stack(steps_drafts, axis=3)
+            return np.stack(steps_running, axis=3), np.stack(steps_drafts, axis=3), np.stack(steps_wide, axis=3)
         drafts = np.where(running, np.minimum(ks, ends - before - 1), 0)
-        before = before + np.minimum(runs[offset + np.minimum(before, longest - 1)], drafts) + 1
+        steps_wide.append(all_accepted & (drafts > 0))
+        emitted = np.minimum(runs[offset + np.minimum(before, longest - 1)], drafts)
+        all_accepted = (drafts > 0) & (emitted == drafts)
+        before = before + emitted + 1
         steps_running.append(running)
         steps_drafts.append(drafts)
 
 
-def _seconds(running: np.ndarray, drafts: np.ndarray, timing: BatchTiming, costs: StepCostModel) -> list[float]:
-    """Per k, the mean seconds of the replays of the steps given by running and drafts ([k, draw, request, step]): the
-    measured first step, less its own drafts' verification, plus its replayed drafts' forwards and verification; then
-    each step's draft forwards, verification and measured time outside both."""
+def _seconds(running: np.ndarray, drafts: np.ndarray, wide: np.ndarray, timing: BatchTiming, costs: StepCostModel,
+             prefill_seconds: float = 0.0) -> list[float]:
+    """Per k, the mean seconds of the replays of the steps given by running, drafts and wide ([k, draw, request,
+    step]): the measured first step, less its own drafts' verification, plus its replayed drafts' forwards (the
+    drafter's prompt prefill, prefill_seconds, on top) and verification; then each step's draft forwards (the first
+    one a token per row, and another per wide row), verification and measured time outside both."""
     num_reqs = running.shape[2]
-    forward = np.array([0.0, *costs.draft_forward_costs(num_reqs)])  # [m]: one draft forward of m rows
+    forward = np.array([0.0, *costs.draft_forward_costs(2 * num_reqs)])  # [m]: one draft forward of m tokens
     rows, tokens = running.sum(2), (running + drafts).sum(2)  # [k, draw, step]
-    drafting = sum((forward[(drafts >= depth).sum(2)] for depth in range(1, int(drafts.max()) + 1)),
-                   np.zeros(rows.shape))
+    drafting = sum((forward[(drafts >= depth).sum(2) + (wide.sum(2) if depth == 1 else 0)]
+                    for depth in range(1, int(drafts.max()) + 1)), np.zeros(rows.shape))
     own_drafts = costs.verify_cost(num_reqs, num_reqs + timing.first_step_drafts)
-    first = [timing.first_step_seconds + drafted + costs.verify_cost(num_reqs, verified) - own_drafts
+    first = [timing.first_step_seconds + drafted + (prefill_seconds if drafted else 0.0)
+             + costs.verify_cost(num_reqs, verified) - own_drafts
              for drafted, verified in zip(drafting[:, 0, 0].tolist(), tokens[:, 0, 0].tolist())]
     later = rows[..., 1:] > 0
     width = int(tokens.max()) + 1

@@ -10,18 +10,19 @@ from spec.batch_replay import ACCEPTED as A, PRIOR, REJECTED as R, UNSEEN as U, 
 STEPS = flat_costs(1e-9)  # draft forwards next to free: a replay's seconds count its steps
 
 
-def _timing(first: float = 4.0, other: float = 0.5) -> BatchTiming:
-    """A two-step run: the first step `first` seconds without drafting, `other` seconds a step outside drafting and
-    verification."""
+def _timing(first: float = 4.0, other: float = 0.5, first_draft: float = 1.0) -> BatchTiming:
+    """A two-step run: the first step `first` seconds without drafting (and first_draft drafting), `other` seconds a
+    step outside drafting and verification."""
     timing = BatchTiming()
-    timing.observe_step(seconds=first + 1.0, draft_seconds=1.0, verify_seconds=first - other)
+    timing.observe_step(seconds=first + first_draft, draft_seconds=first_draft, verify_seconds=first - other)
     timing.observe_step(seconds=2.0, draft_seconds=0.5, verify_seconds=1.5 - other)
     return timing
 
 
 def _later_steps(records: list, lengths: list[int], k_max: int) -> list[float]:
     """Mean replayed steps after the first, per k = 0 .. k_max (STEPS costs, nothing outside verification)."""
-    seconds = replayed_seconds(lengths, [64] * len(lengths), Trace(records, lengths), k_max, _timing(0.0, 0.0), STEPS)
+    seconds = replayed_seconds(lengths, [64] * len(lengths), Trace(records, lengths), k_max, _timing(0.0, 0.0, 0.0),
+                               STEPS)
     return [round(s, 6) for s in seconds]
 
 
@@ -114,9 +115,13 @@ def _never(lengths: list[int]) -> Trace:
 
 
 def test_a_replay_with_sure_drafts_emits_k_plus_one_tokens_a_step():
-    # K = 1, every draft accepted: 2 tokens a step, so the requests of 4, 1, 4, 2 tokens run 2, 1, 2, 1 steps
-    first = 4.0 + COSTS.draft_cost([4]) + COSTS.verify_cost(4, 8) - COSTS.verify_cost(4, 4)
-    expected = first + 0.5 + COSTS.verify_cost(2, 4) + COSTS.draft_cost([2])
+    # K = 1, every draft accepted: 2 tokens a step, so the requests of 4, 1, 4, 2 tokens run 2, 1, 2, 1 steps. The
+    # first step drafted 1 s, where one draft forward of its 4 rows reads 0.2: the 0.8 beyond (the drafter's prompt
+    # prefill) is charged at every K. The second step's 2 rows had all their drafts accepted: the drafter is fed 2
+    # tokens in each, a forward of 4 tokens.
+    prefill = 1.0 - COSTS.draft_cost([4])
+    first = 4.0 + prefill + COSTS.draft_cost([4]) + COSTS.verify_cost(4, 8) - COSTS.verify_cost(4, 4)
+    expected = first + 0.5 + COSTS.verify_cost(2, 4) + COSTS.draft_cost([4])
     lengths = [4, 1, 4, 2]
     assert replayed_seconds(lengths, [9] * 4, _sure(lengths), 1, _timing(), COSTS)[1] == pytest.approx(expected)
 
@@ -136,7 +141,9 @@ def test_drafts_that_always_fail_replay_slower_and_sure_ones_faster():
     ([(3, 2)], 20, 8),  # it drafted another token there (rejected), and goes on drafting
 ])
 def test_a_request_drafts_no_more_than_its_room_allows_nor_past_a_drafted_stop(steps, room, num_drafts):
-    # a request of 3 tokens at K = 8, in one step: num_drafts forwards of 1 row, and their verification
+    # a request of 3 tokens at K = 8, in one step: num_drafts forwards of 1 row, and their verification (the first
+    # step drafted 3 times, 0.3 s in the model: the 0.7 s more it took is the prompt's prefill, at every K)
     first = COSTS.draft_cost([1] * num_drafts) + COSTS.verify_cost(1, 1 + num_drafts) - COSTS.verify_cost(1, 1)
+    prefill = 1.0 - COSTS.draft_cost([1] * 3)
     assert replayed_seconds([3], [room], Trace([record(steps)], [3]), 8, _timing(), COSTS)[8] == \
-        pytest.approx(4.0 + first)
+        pytest.approx(4.0 + prefill + first)

@@ -1,5 +1,4 @@
-"""Closed batches: whether they draft (measured against their replay without drafts), how deep (replayed), and the
-engine running both."""
+"""Closed batches: whether they draft and how deep (both replayed), and the engine running both."""
 
 import pytest
 
@@ -31,46 +30,40 @@ def _observe(schedule: ClosedBatchSchedule, lengths: list[int], ratio: float, dr
     schedule.observe(lengths, [64] * len(lengths), records, _timing(lengths, ratio, costs), costs, k_limit)
 
 
-def test_a_size_where_drafting_lost_decodes_without_drafts_and_rechecks_sooner_than_later():
-    schedule, lengths = ClosedBatchSchedule(), [3, 5, 8, 2]
-    assert schedule.allows_drafting(4) and schedule.k_max(4) is None  # nothing known: draft, no cap
-    for ratio in (0.7, 1.15, 1.2):  # one batch drafted fast, two slow: the median is what counts
-        assert schedule.allows_drafting(4)
-        _observe(schedule, lengths, ratio, drafted=True)
-    assert not schedule.allows_drafting(4) and schedule.k_max(4) == 0
-    assert not schedule.allows_drafting(7) and not schedule.allows_drafting(200)  # its power of two and larger ones
-    assert schedule.allows_drafting(3) and schedule.allows_drafting(1)  # smaller ones do not
-    # The 2nd batch after the verdict drafts again; each recheck that confirms the loss doubles the wait, up to RECHECK
-    for wait, ratio in ((FIRST_RECHECK, 1.3), (2 * FIRST_RECHECK, 1.25), (4 * FIRST_RECHECK, 1.3), (RECHECK, 1.2),
-                        (RECHECK, 0.8)):
+# 64 requests of 40 tokens (a size's window is then its last NUM_BATCHES batches), their drafts always rejected: at
+# 1 s a verification and 0.02 s a draft forward, K = 0 replays at 39 s (the first step is free here), K = 1 at 39.8
+# (each step a forward more)
+NEVER, WIDE = [record([(1, 0)] * 40)] * REPLAY_REQUESTS, [40] * REPLAY_REQUESTS
+
+
+def test_a_size_where_no_drafts_replay_fastest_decodes_without_them_and_rechecks_sooner_than_later():
+    schedule, cheap = ClosedBatchSchedule(), flat_costs(0.02)
+    assert schedule.allows_drafting(64) and schedule.k_max(64) is None  # nothing known: draft, no cap
+    _observe(schedule, WIDE, 1.0, drafted=True, costs=cheap, records=NEVER, k_limit=3)
+    assert schedule._replays[7][0][1][:2] == [pytest.approx(39.0), pytest.approx(39.8)]
+    assert not schedule.allows_drafting(64) and schedule.k_max(64) == 0 and schedule.k_max(127) == 0
+    assert schedule.k_max(63) is None and schedule.k_max(128) is None  # other powers of two have no batch yet
+    # The 2nd batch after the verdict drafts again (the K >= 1 replayed fastest); each recheck that confirms the loss
+    # doubles the wait, up to RECHECK
+    for wait in (FIRST_RECHECK, 2 * FIRST_RECHECK, 4 * FIRST_RECHECK, RECHECK, RECHECK):
         for _ in range(wait - 1):
-            assert not schedule.allows_drafting(4)
-            _observe(schedule, lengths, 1.0, drafted=False)
-        assert schedule.allows_drafting(4) and schedule.k_max(4) is None  # the recheck (no replays: K = 0 limit)
-        _observe(schedule, lengths, ratio, drafted=True)
-        assert not schedule.allows_drafting(4)  # the median of the last 3 drafted batches is above 1.0
+            assert not schedule.allows_drafting(64) and schedule.k_max(64) == 0
+            _observe(schedule, WIDE, 1.0, drafted=False)
+        assert schedule.allows_drafting(64) and schedule.k_max(64) == 1
+        _observe(schedule, WIDE, 1.0, drafted=True, costs=cheap, records=NEVER, k_limit=3)
+        assert not schedule.allows_drafting(64)
     assert 4 * FIRST_RECHECK < RECHECK
     for _ in range(RECHECK - 1):
-        _observe(schedule, lengths, 1.0, drafted=False)
-    _observe(schedule, lengths, 0.9, drafted=True)  # 1.2, 0.8, 0.9: median 0.9 < 1.0, drafting pays again
-    assert schedule.allows_drafting(4) and schedule.allows_drafting(200)
-    for _ in range(2):
-        _observe(schedule, lengths, 1.3, drafted=True)  # 0.9, 1.3, 1.3: lost again, the 2nd batch rechecks
-    assert not schedule.allows_drafting(4)
-    _observe(schedule, lengths, 1.0, drafted=False)
-    assert schedule.allows_drafting(4)
-
-
-def test_the_model_error_seen_without_drafts_cancels():
-    """Drafted batches 10% over their replay without drafts, undrafted ones 20% over it: drafting wins."""
-    schedule, lengths = ClosedBatchSchedule(), [6, 6, 3]
-    _observe(schedule, lengths, 1.2, drafted=False)
-    for _ in range(NUM_BATCHES):
-        _observe(schedule, lengths, 1.1, drafted=True)
-    assert schedule.allows_drafting(3)
-    for _ in range(NUM_BATCHES // 2 + 1):
-        _observe(schedule, lengths, 1.3, drafted=True)  # now the median is 1.3 > 1.2
-    assert not schedule.allows_drafting(3)
+        _observe(schedule, WIDE, 1.0, drafted=False)
+    # Two drafts accepted in three: K = 2 replays at about 14 s, against 39 without drafts, and outweighs the window's
+    # two losing batches (0.8 and 1.6 s each at K = 1 and 2)
+    _observe(schedule, WIDE, 1.0, drafted=True, costs=cheap, records=[record([(3, 2)] * 14)] * len(WIDE), k_limit=3)
+    assert schedule.allows_drafting(64) and schedule.k_max(64) == 2
+    for _ in range(NUM_BATCHES):  # the window turns to losing batches again: the 2nd batch rechecks
+        _observe(schedule, WIDE, 1.0, drafted=True, costs=cheap, records=NEVER, k_limit=3)
+    assert not schedule.allows_drafting(64)
+    _observe(schedule, WIDE, 1.0, drafted=False)
+    assert schedule.allows_drafting(64)
 
 
 # 4 requests of 40 tokens whose drafts are accepted twice, then rejected, over and over (every position seen, so the
@@ -106,13 +99,6 @@ def test_a_size_offers_the_k_its_replays_found_fastest():
     assert schedule.k_max(4) is None  # a batch allowed no drafts is not replayed
 
 
-def test_where_drafting_lost_the_replays_do_not_bring_it_back():
-    schedule = ClosedBatchSchedule()
-    for _ in range(NUM_BATCHES):  # replays say K = 2, but the batches ran 30% over their replay without drafts
-        _observe(schedule, LONG, 1.3, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3)
-    assert schedule.k_max(4) == 0
-
-
 def _adaptive(target, draft, max_num_seqs=4, draft_seconds=0.01):
     config = {"method": "draft_model", "num_speculative_tokens": 3, "enable_adaptive_verification": True}
     flat = {"verify": {n: {n: 1.0, 4 * n: 1.0} for n in (1, 2, 4)}, "draft": {1: draft_seconds, 4: draft_seconds}}
@@ -125,19 +111,16 @@ def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(
     plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(prompts, 1, GREEDY, use_tqdm=False)
     generator = _adaptive(target, draft)
     schedule, costs, lengths = generator.adaptive.closed_batch, generator.adaptive.costs, [12, 12, 12]
-    for _ in range(NUM_BATCHES):  # fabricated: drafting lost
-        _observe(schedule, lengths, 2.0, drafted=True, costs=costs)
+    # fabricated: every draft rejected, so each draft forward replays as a loss
+    _observe(schedule, lengths, 1.0, drafted=True, costs=costs, records=[record([(1, 0)] * 12)] * 3, k_limit=3)
     batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
     assert batch.stats["num_proposed_draft_tokens"] == 0
     assert batch.stats["draft_cap"] == 0 and batch.metrics["spec/draft_cap"] == 0.0
     assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
-    # The run was an undrafted closed batch of 3: its steps took milliseconds where the table says a second, and a
-    # drafted batch must now beat that ratio to draft again.
-    for _ in range(NUM_BATCHES):
-        _observe(schedule, lengths, 0.5, drafted=True, costs=costs)
-    assert not schedule.allows_drafting(3)
+    # The run was an undrafted closed batch of 3, the 1st since the verdict: the next one rechecks
+    assert schedule.allows_drafting(3) and schedule.k_max(3) == 1
 
-    fresh = _adaptive(target, draft)
+    fresh = _adaptive(target, target)  # the target drafting for itself: greedy, every draft accepted
     caps = []  # nothing known: no cap; then the K the batches replayed fastest
     for _ in range(NUM_BATCHES):
         expected = fresh.adaptive.closed_batch.k_max(3)
@@ -146,9 +129,8 @@ def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(
         assert batch.stats["draft_cap"] == (3 if expected is None else expected)
         assert batch.stats["num_proposed_draft_tokens"] > 0
         assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
-    # Measured far below the table's seconds: drafting paid
-    assert caps[0] == 3 and all(1 <= cap <= 3 for cap in caps[1:])
-    assert fresh.adaptive.closed_batch.allows_drafting(3) and fresh.adaptive.closed_batch.k_max(3) >= 1
+    # Every step a second in the table, a draft forward 0.01 s, every draft accepted: the deepest K replays fastest
+    assert caps == [3, 3, 3]
 
 
 def test_under_its_cap_a_closed_batch_offers_every_request_the_cap_untrimmed(target, draft):
