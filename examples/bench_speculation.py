@@ -13,16 +13,16 @@ interleaved (the arm order rotates every repeat) so that machine noise hits ever
 prompts and a new seed (the same for every arm), and tokens/s is all repeats' tokens over their time: a small
 batch's speed depends on how its completions happen to end, so it gets `--repeats` rollouts and larger batches
 proportionally fewer, at least `--min-repeats` (the machine's timing noise is then what is left to average out).
-Adaptive arms keep their calibration, refined costs and closed-batch records across calls, as a training run does
-(and across workloads: the mixed one starts with the default one's records); every arm runs once untimed first, and
-then `--warmup` untimed batches at each batch size before its timed ones: a training run repeats its batch size
-every step, and adaptive verification's closed-batch decisions (spec/closed_batch.py) use a batch size's last 3
-batches there, more at up to 16 requests (the warm-up batches' tokens/s are reported too). HF `model.generate` on
-the same target is one more arm on the default workload. Also reported: verified tokens per emitted token per arm,
-the adaptive arms over the best other arm both as measured and with that arm chosen on the other half of the repeats
-(`held_out_ratio`: the best of several noisy arms is biased up), the same ratios paired repeat by repeat
-(`paired_ratio`: robust to a slow spell of the machine), and the speedup the measured step costs predict for each
-static K (spec/tuning.py).
+Adaptive arms keep their calibration, refined costs and closed-batch records across calls, as a training run does,
+and start afresh for each workload, as a new training run does; every arm runs once untimed first, and then
+`--warmup` untimed batches at each batch size before its timed ones: a training run repeats its batch size every
+step, and adaptive verification's closed-batch decisions (spec/closed_batch.py) use a batch size's last 3 batches
+there, more where those hold fewer than 64 requests (the warm-up batches' tokens/s are reported too). HF
+`model.generate` on the same target is one more arm on the default workload. Also reported: verified tokens per
+emitted token per arm, the adaptive arms over the best other arm both as measured and with that arm chosen on the
+other half of the repeats (`held_out_ratio`: the best of several noisy arms is biased up), the same ratios paired
+repeat by repeat (`paired_ratio`: robust to a slow spell of the machine), and the speedup the measured step costs
+predict for each static K (spec/tuning.py).
 Writes bench_speculation.json and bench_speculation.png (default folder: examples/results).
 """
 
@@ -249,11 +249,12 @@ def main() -> None:
     # Every arm runs the same in-memory target (and draft) weights, so no arm pays for another's cache misses.
     target, draft = load("target"), load("draft")
     tokenizer = AutoTokenizer.from_pretrained(default_model_paths()["target"], padding_side="left")
-    generators = {name: RolloutGenerator(target, tokenizer=tokenizer, draft_model=draft, speculative_config=config,
-                                         max_num_seqs=max(batch_sizes)) for name, config in arms().items()}
-    costs = generators["adaptive"].adaptive.costs  # measured at start-up on this machine (or from the disk cache)
     results = {}
     for workload in args.workloads.split(","):
+        # A new training run per workload: adaptive arms start afresh (their step costs from the disk cache)
+        generators = {name: RolloutGenerator(target, tokenizer=tokenizer, draft_model=draft, speculative_config=config,
+                                             max_num_seqs=max(batch_sizes)) for name, config in arms().items()}
+        costs = generators["adaptive"].adaptive.costs  # measured at start-up on this machine (or the disk cache)
         runners = {name: _engine_arm(g) for name, g in generators.items()}
         if workload == "default":
             runners["hf_generate"] = _hf_arm(target, tokenizer)
@@ -265,12 +266,12 @@ def main() -> None:
                                  "predicted_speedup": {f"K={k}": predicted_speedup(acceptance, costs, b, k)
                                                        for k in STATIC_KS}} for b in batch_sizes}
         results[workload]["acceptance_rate_per_position"] = acceptance
+        results[workload]["step_costs"] = costs.to_dict()  # as refined by the workload's run
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_speculation.json").write_text(json.dumps({"schedule": DEFAULT_SCHEDULE,
                                                              "threads": torch.get_num_threads(),
-                                                             "workloads": results,
-                                                             "step_costs": costs.to_dict()}, indent=1))
+                                                             "workloads": results}, indent=1))
     plot({w: {b: r for b, r in by.items() if isinstance(b, int)} for w, by in results.items()},
          out / "bench_speculation.png")
     for workload, by_batch in results.items():
