@@ -90,7 +90,8 @@ class AdaptiveVerifier:
         self.refine = refine  # refine the costs from measured step times (off for a table the user supplied)
         self.closed_batch = ClosedBatchSchedule()  # whether and how deep closed batches draft, per size
         self.trims = True  # False in a closed batch under its cap: every request gets every draft up to k_max, and
-        # no step is planned (begin_step, allocate); observe hands the calibrator the judged drafts
+        # no step is planned (begin_step, allocate); observe hands the calibrator the judged drafts, and the draft
+        # extensions are timed as ever (the closed-batch replays price drafting with the refined costs)
         self.rate = 0.0  # expected tokens per second of the last allocation; 0 (draft up to k_max) before one
         self.threshold = 0.0  # survival that pays for one more verified token, at the last allocation
         self._by_batch_size: dict[int, tuple[float, float]] = {}  # log2 batch size -> (rate, threshold) there
@@ -129,12 +130,10 @@ class AdaptiveVerifier:
     def keep_drafting(self, req_ids: list[int], confidences: list[list[float]]) -> list[bool]:
         """Per request (its id, the raw confidences of its drafts so far, none before the first): does it get one
         more draft?"""
-        if not self.trims:
-            return [True] * len(confidences)
         now = time.perf_counter()
         if self._extension is not None:
             self._extension_times.append((self._extension[0], now - self._extension[1]))
-        keep = self._keep(req_ids, confidences)
+        keep = self._keep(req_ids, confidences) if self.trims else [True] * len(confidences)
         num_kept = sum(keep)
         # The first forward of a step also feeds each row the tokens verified last step: it is not timed as one.
         is_first = bool(confidences) and not confidences[0]
@@ -196,7 +195,6 @@ class AdaptiveVerifier:
                  draft_seconds: float) -> Budget:
         """Drafts to verify per request, given the requests' ids, their raw draft confidences (already capped at
         k_max), their tokens other than drafts and the seconds this step's drafting took."""
-        self._extension = None  # drafting is over: the time from the last extension on is not a forward's
         num_reqs = len(confidences)
         shape = self._shape if self._shape is not None and self._shape.num_reqs == num_reqs else \
             self.costs.verify_shape(num_reqs)
@@ -288,6 +286,7 @@ class AdaptiveVerifier:
         than one uncached token in a row) does not refine the verify curve: a prompt costs more per token than
         decoding, and at 256 rows such steps had tilted the curve to predict 7 ms for a 32 ms step."""
         extensions, self._extension_times = self._extension_times, []
+        self._extension = None  # drafting is over: the time from the last extension on is not a forward's
         if not self.refine:
             return
         if sum(uncached) <= len(uncached):

@@ -277,12 +277,31 @@ def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monk
     assert budget.seconds == pytest.approx(0.75 + costs.verify_shape(2).cost(sum(widths), max(widths), 2))
     adaptive.observe_times([1, 1], budget.lengths, budget.seconds - 0.75)
     # One extension of 2 rows in 0.5 s, against 0.2 predicted (bounded to 1.5x that: 0.3); the drafting after the
-    # second call (ended by allocate) is not an extension. With the table's 3 points as one observation each, the
+    # third call (ended by the step's verification) is not an extension. With the table's 3 points as one observation each, the
     # least-squares cost = scale x table through (0.2, 0.2), (0.2, 0.2), (0.3, 0.3), (0.2, 0.3) has scale
     # 0.23 / 0.21 (sum of table x cost over sum of table^2).
     assert costs.draft_cost([2]) == pytest.approx(0.2 * 23 / 21)
     adaptive.keep_drafting([0], [[0.9]])  # at 11.0: a new step, nothing extended yet
     adaptive.observe_times([1], [0], 1.0)
+    assert costs.draft_cost([2]) == pytest.approx(0.2 * 23 / 21)
+
+
+def test_under_a_closed_batch_cap_draft_extensions_are_timed_too(monkeypatch):
+    clock = iter([9.0, 10.0, 10.5, 11.0, 12.0, 13.0])
+    monkeypatch.setattr("spec.adaptive.time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    costs = StepCostModel({2: {2: 1.0, 10: 2.0}}, {1: 0.2, 2: 0.2, 8: 0.3})
+    adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
+    adaptive.trims = False  # every request gets every draft, and no step is planned
+    assert adaptive.keep_drafting([0, 1], [[], []]) == [True, True]  # at 9.0: the first forward, not timed
+    adaptive.keep_drafting([0, 1], [[0.1], [0.1]])  # at 10.0: both rows extended, however unsure
+    adaptive.keep_drafting([0, 1], [[0.1, 0.1], [0.1, 0.1]])  # at 10.5: that extension took 0.5 s
+    adaptive.observe_times([1, 1], [3, 3], 1.0)
+    assert costs.draft_cost([2]) == pytest.approx(0.2 * 23 / 21)  # as in the test above
+    adaptive.keep_drafting([0, 1], [[], []])  # at 11.0: the next step's first forward
+    adaptive.keep_drafting([0, 1], [[0.1], [0.1]])  # at 12.0: extended; then verification ends the step
+    adaptive.observe_times([1, 1], [2, 2], 1.0)
+    adaptive.keep_drafting([0, 1], [[], []])  # at 13.0: a new step; the last one's verification is no extension
+    adaptive.observe_times([1, 1], [0, 0], 1.0)
     assert costs.draft_cost([2]) == pytest.approx(0.2 * 23 / 21)
 
 
