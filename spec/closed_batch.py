@@ -72,14 +72,14 @@ class ClosedBatchSchedule:
         replays = self._replays.get(num_reqs.bit_length())
         if replays is None:
             return None
-        return best_k([seconds for _, seconds in replays], least=1) if self.allows_drafting(num_reqs) else 0
+        return best_k(replays, least=1) if self.allows_drafting(num_reqs) else 0
 
     def allows_drafting(self, num_reqs: int) -> bool:
         """Whether a closed batch of num_reqs requests should draft: its size's replays found drafting fastest, or
         it is the recheck (module docstring)."""
         size = num_reqs.bit_length()
         replays = self._replays.get(size)
-        if replays is None or best_k([s for _, s in replays]) > 0:
+        if replays is None or best_k(replays) > 0:
             return True
         return self._since_drafted.get(size, 0) + 1 >= self._recheck.get(size, FIRST_RECHECK)
 
@@ -97,18 +97,18 @@ class ClosedBatchSchedule:
             return
         self._since_drafted[size] = 0
         replays = self._replays.setdefault(size, deque())
-        paid = not replays or best_k([s for _, s in replays]) > 0
+        paid = not replays or best_k(replays) > 0
         replays.append((len(lengths), replayed_seconds(lengths, max_lengths, trace, k_limit, timing, costs)))
         while len(replays) > NUM_BATCHES and sum(n for n, _ in replays) - replays[0][0] >= REPLAY_REQUESTS:
             replays.popleft()
-        if best_k([s for _, s in replays]) > 0:
+        if best_k(replays) > 0:
             self._recheck.pop(size, None)
         else:  # drafting lost with this batch, or lost again at its recheck: wait twice as long as before
             self._recheck[size] = FIRST_RECHECK if paid else min(2 * self._recheck.get(size, FIRST_RECHECK), RECHECK)
 
 
 def best_k(replays, least: int = 0) -> int:
-    """The K >= least with the least replayed seconds summed over the batches (up to the least K any of them was
-    allowed)."""
-    totals = [sum(seconds) for seconds in zip(*replays)]
+    """The K >= least with the least replayed seconds summed over the batches, (num_reqs, seconds at K = 0, 1, ..)
+    each (up to the least K any of them was allowed)."""
+    totals = [sum(seconds) for seconds in zip(*(seconds for _, seconds in replays))]
     return min(range(least, len(totals)), key=totals.__getitem__)
