@@ -18,11 +18,11 @@ change it, and an undrafted batch is not replayed): the 2nd after the verdict, t
 batch's measured first step, and a forward that feeds a row 2 tokens where its drafts were all accepted
 (spec/batch_replay.py); without those, replays priced drafting 5-8% low at 256 requests (default workload: K = 1
 replayed 5-15% ahead of no drafts, where paired runs put it 3-9% ahead; mixed: 2-7% ahead, where no drafts ran 4%
-ahead). With them, K = 0 replayed 3-4% ahead on the mixed workload, and K = 3 1-5% ahead of it on the default one
-(paired runs: K = 1 and 3 4-5% ahead). The verdict before this one was measured (each
-batch's time over its replay without drafts, the median of the last 3 drafted batches against the last 3 undrafted):
-on a noisy 2-core VM, where one batch of 256 takes 2.2-3.1 s for the same work, it flipped between drafting and
-not, and the adaptive arms ran at 0.83-0.85 of K = 1 there.
+ahead). With them, K = 0 replayed 3-4% ahead on the mixed workload, and K = 3-4 1-10% ahead of it on the default one
+(paired runs: K = 1 and 3 4-5% ahead; K = 1 replays about 4% behind K = 3 there, the 2-token rows priced as whole
+rows). The verdict before this one was measured (each batch's time over its replay without drafts, the median of the
+last 3 drafted batches against the last 3 undrafted): on a noisy 2-core VM, where one batch of 256 takes 2.2-3.1 s
+for the same work, it flipped between drafting and not, and the adaptive arms ran at 0.83-0.85 of K = 1 there.
 
 How deep: replayed. Where it drafts, a batch offers every request, untrimmed, the K >= 1 whose replays over the
 size's last batches took least (the last NUM_BATCHES, or more where those hold fewer than REPLAY_REQUESTS requests).
