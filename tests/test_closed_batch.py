@@ -5,29 +5,26 @@ import pytest
 from replay_testing import COSTS, flat_costs, record
 from rollout import RolloutGenerator, SamplingParams
 from spec import RequestAcceptance, StepCostModel
-from spec.batch_replay import BatchTiming, replayed_seconds
+from spec.batch_replay import BatchTiming
 from spec.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, REPLAY_REQUESTS, ClosedBatchSchedule
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
 
-def _timing(lengths: list[int], ratio: float, costs: StepCostModel = COSTS) -> BatchTiming:
-    """A run that took `ratio` times its replay without drafts (first step 0 s, nothing outside verification)."""
+def _timing() -> BatchTiming:
+    """A two-step run: the first step 0 s, nothing outside verification (a replay reads only these)."""
     timing = BatchTiming()
     timing.observe_step(0.0, 0.0, 0.0)
     timing.observe_step(1.0, 0.0, 1.0)
-    predicted, = replayed_seconds(lengths, lengths, None, 0, timing, costs)
-    timing.seconds = timing.verify_seconds = ratio * predicted
     return timing
 
 
-def _observe(schedule: ClosedBatchSchedule, lengths: list[int], ratio: float, drafted: bool,
-             costs: StepCostModel = COSTS, records: list | None = None, k_limit: int = 0) -> None:
-    """A closed batch that took `ratio` times its replay without drafts; with drafts, every one accepted unless
-    `records` says otherwise."""
+def _observe(schedule: ClosedBatchSchedule, lengths: list[int], drafted: bool, costs: StepCostModel = COSTS,
+             records: list | None = None, k_limit: int = 0) -> None:
+    """A closed batch; with drafts, every one accepted unless `records` says otherwise."""
     if records is None:
         records = [record([(1, 1)]) if drafted else RequestAcceptance() for _ in lengths]
-    schedule.observe(lengths, [64] * len(lengths), records, _timing(lengths, ratio, costs), costs, k_limit)
+    schedule.observe(lengths, [64] * len(lengths), records, _timing(), costs, k_limit)
 
 
 # 64 requests of 40 tokens (a size's window is then its last NUM_BATCHES batches), their drafts always rejected: at
@@ -39,7 +36,7 @@ NEVER, WIDE = [record([(1, 0)] * 40)] * REPLAY_REQUESTS, [40] * REPLAY_REQUESTS
 def test_a_size_where_no_drafts_replay_fastest_decodes_without_them_and_rechecks_sooner_than_later():
     schedule, cheap = ClosedBatchSchedule(), flat_costs(0.02)
     assert schedule.allows_drafting(64) and schedule.k_max(64) is None  # nothing known: draft, no cap
-    _observe(schedule, WIDE, 1.0, drafted=True, costs=cheap, records=NEVER, k_limit=3)
+    _observe(schedule, WIDE, drafted=True, costs=cheap, records=NEVER, k_limit=3)
     assert schedule._replays[7][0][1][:2] == [pytest.approx(39.0), pytest.approx(39.8)]
     assert not schedule.allows_drafting(64) and schedule.k_max(64) == 0 and schedule.k_max(127) == 0
     assert schedule.k_max(63) is None and schedule.k_max(128) is None  # other powers of two have no batch yet
@@ -48,21 +45,21 @@ def test_a_size_where_no_drafts_replay_fastest_decodes_without_them_and_rechecks
     for wait in (FIRST_RECHECK, 2 * FIRST_RECHECK, 4 * FIRST_RECHECK, RECHECK, RECHECK):
         for _ in range(wait - 1):
             assert not schedule.allows_drafting(64) and schedule.k_max(64) == 0
-            _observe(schedule, WIDE, 1.0, drafted=False)
+            _observe(schedule, WIDE, drafted=False)
         assert schedule.allows_drafting(64) and schedule.k_max(64) == 1
-        _observe(schedule, WIDE, 1.0, drafted=True, costs=cheap, records=NEVER, k_limit=3)
+        _observe(schedule, WIDE, drafted=True, costs=cheap, records=NEVER, k_limit=3)
         assert not schedule.allows_drafting(64)
     assert 4 * FIRST_RECHECK < RECHECK
     for _ in range(RECHECK - 1):
-        _observe(schedule, WIDE, 1.0, drafted=False)
+        _observe(schedule, WIDE, drafted=False)
     # Two drafts accepted in three: K = 2 replays at about 14 s, against 39 without drafts, and outweighs the window's
     # two losing batches (0.8 and 1.6 s each at K = 1 and 2)
-    _observe(schedule, WIDE, 1.0, drafted=True, costs=cheap, records=[record([(3, 2)] * 14)] * len(WIDE), k_limit=3)
+    _observe(schedule, WIDE, drafted=True, costs=cheap, records=[record([(3, 2)] * 14)] * len(WIDE), k_limit=3)
     assert schedule.allows_drafting(64) and schedule.k_max(64) == 2
     for _ in range(NUM_BATCHES):  # the window turns to losing batches again: the 2nd batch rechecks
-        _observe(schedule, WIDE, 1.0, drafted=True, costs=cheap, records=NEVER, k_limit=3)
+        _observe(schedule, WIDE, drafted=True, costs=cheap, records=NEVER, k_limit=3)
     assert not schedule.allows_drafting(64)
-    _observe(schedule, WIDE, 1.0, drafted=False)
+    _observe(schedule, WIDE, drafted=False)
     assert schedule.allows_drafting(64)
 
 
@@ -77,25 +74,25 @@ LONG = [40] * 4
 
 def test_a_size_offers_the_k_its_replays_found_fastest():
     schedule = ClosedBatchSchedule()
-    _observe(schedule, LONG, 1.0, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3)
+    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3)
     assert schedule._replays[3][0] == (4, [pytest.approx(s) for s in (39.0, 34.1, 21.1, 25.0)])
     assert schedule.k_max(4) == 2 and schedule.k_max(7) == 2
     assert schedule.k_max(8) is None and schedule.k_max(3) is None  # other powers of two have no batch yet: no cap
     for _ in range(REPLAY_REQUESTS // len(LONG)):  # their third drafts are accepted
         assert schedule._replays[3][0][1][3] == pytest.approx(25.0)  # the first batch's replay still counts
-        _observe(schedule, LONG, 1.0, drafted=True, costs=flat_costs(0.02), records=THREE_IN_FOUR, k_limit=3)
+        _observe(schedule, LONG, drafted=True, costs=flat_costs(0.02), records=THREE_IN_FOUR, k_limit=3)
     # The batches replayed hold REPLAY_REQUESTS requests: the first one has gone
     assert len(schedule._replays[3]) == REPLAY_REQUESTS // len(LONG) and schedule._replays[3][0][1][3] < 25.0
     assert schedule.k_max(4) == 3
     wide = [40] * REPLAY_REQUESTS  # batches as large as REPLAY_REQUESTS: the last NUM_BATCHES decide
-    _observe(schedule, wide, 1.0, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:1] * len(wide), k_limit=3)
+    _observe(schedule, wide, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:1] * len(wide), k_limit=3)
     assert schedule.k_max(len(wide)) == 2
     for _ in range(NUM_BATCHES):
-        _observe(schedule, wide, 1.0, drafted=True, costs=flat_costs(0.02), records=THREE_IN_FOUR[:1] * len(wide),
+        _observe(schedule, wide, drafted=True, costs=flat_costs(0.02), records=THREE_IN_FOUR[:1] * len(wide),
                  k_limit=3)
     assert len(schedule._replays[len(wide).bit_length()]) == NUM_BATCHES and schedule.k_max(len(wide)) == 3
     schedule = ClosedBatchSchedule()
-    _observe(schedule, LONG, 1.0, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=0)
+    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=0)
     assert schedule.k_max(4) is None  # a batch allowed no drafts is not replayed
 
 
@@ -112,7 +109,7 @@ def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(
     generator = _adaptive(target, draft)
     schedule, costs, lengths = generator.adaptive.closed_batch, generator.adaptive.costs, [12, 12, 12]
     # fabricated: every draft rejected, so each draft forward replays as a loss
-    _observe(schedule, lengths, 1.0, drafted=True, costs=costs, records=[record([(1, 0)] * 12)] * 3, k_limit=3)
+    _observe(schedule, lengths, drafted=True, costs=costs, records=[record([(1, 0)] * 12)] * 3, k_limit=3)
     batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
     assert batch.stats["num_proposed_draft_tokens"] == 0
     assert batch.stats["draft_cap"] == 0 and batch.metrics["spec/draft_cap"] == 0.0
@@ -140,7 +137,7 @@ def test_under_its_cap_a_closed_batch_offers_every_request_the_cap_untrimmed(tar
     open_batch = generator.generate(prompts + prompts[:2], 1, GREEDY, use_tqdm=False)  # 5 > max_num_seqs: not closed
     assert open_batch.stats["draft_cap"] == 3  # no cap: the per-step policy trims, from its second step on
     assert all(0 in s.acceptance["k_per_step"][1:-1] for s in open_batch.samples)
-    _observe(generator.adaptive.closed_batch, LONG[:3], 1.0, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
+    _observe(generator.adaptive.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
              k_limit=3)  # size 3: K = 2
     batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
     assert batch.stats["draft_cap"] == 2 and batch.metrics["spec/draft_cap"] == 2.0
@@ -154,7 +151,7 @@ def test_under_its_cap_a_closed_batch_offers_every_request_the_cap_untrimmed(tar
 
 def test_a_batch_larger_than_max_num_seqs_is_not_a_closed_batch(target, draft):
     generator = _adaptive(target, draft, max_num_seqs=2)
-    _observe(generator.adaptive.closed_batch, LONG[:3], 1.0, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
+    _observe(generator.adaptive.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
              k_limit=3)  # size 3: K = 2
     batch = generator.generate([[5, 6, 7], [3, 4], [9, 9]], 1, GREEDY, use_tqdm=False)  # waits for a slot
     assert batch.stats["draft_cap"] == 3  # the per-step policy alone decides
