@@ -11,6 +11,7 @@ from rollout.default_task import default_prompts
 from rollout.generator import RolloutGenerator
 from rollout.sampling_params import SamplingParams
 from rollout.tune import main as run_tune
+from spec.tuning import MIN_GAIN
 
 # K by live batch size for the default pair: the table `python -m rollout tune --max-k 8` printed on the 2-core
 # CPU this project is developed on (2 torch threads, every K timed on real rollouts at batch sizes 1..256; the
@@ -36,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(tune, max_num_seqs=256)
     tune.add_argument("--max-k", type=int, default=None,
                       help="largest K to consider (default: the config's num_speculative_tokens)")
-    tune.add_argument("--min-gain", type=float, default=1.02,
+    tune.add_argument("--min-gain", type=float, default=MIN_GAIN,
                       help="the smallest K that the fastest does not beat by this factor (K = 0 unless "
                            "speculation wins by it)")
     tune.add_argument("--repeats", type=int, default=6,

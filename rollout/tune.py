@@ -22,7 +22,7 @@ from rollout.sampling_params import SamplingParams
 from spec import SpecConfig
 from spec.cost_profile import doubling_grid
 from spec.schedule import BatchSizeSchedule
-from spec.tuning import best_k, tuned_schedule
+from spec.tuning import best_k, smallest_k_within, tuned_schedule
 
 _REPORTED_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -98,9 +98,9 @@ def _use_k(generator: RolloutGenerator, static: dict, k: int) -> RolloutGenerato
 def schedule_from_measurements(measured: dict[int, dict[int, float]], max_num_seqs: int,
                                min_gain: float) -> list[list[int]]:
     """[[start, end, K], ...] over 1 .. max_num_seqs from tokens/s per grid batch size and K (K = 0 included):
-    measured_choice per grid point; between two grid points the choice switches at their geometric mean."""
+    smallest_k_within per grid point; between two grid points the choice switches at their geometric mean."""
     grid = sorted(measured)
-    best = {batch_size: measured_choice(speeds, min_gain) for batch_size, speeds in measured.items()}
+    best = {batch_size: smallest_k_within(speeds, min_gain) for batch_size, speeds in measured.items()}
     ranges: list[list[int]] = []
     for batch_size in range(1, max_num_seqs + 1):
         upper = next((g for g in grid if g >= batch_size), grid[-1])
@@ -113,13 +113,6 @@ def schedule_from_measurements(measured: dict[int, dict[int, float]], max_num_se
     return ranges
 
 
-def measured_choice(speeds: dict[int, float], min_gain: float) -> int:
-    """The smallest K that the fastest does not beat by min_gain: K = 0 unless speculation wins by min_gain, and
-    no deeper drafting (more verification work) for a gain within timing noise."""
-    fastest = max(speeds.values())
-    return min(k for k, speed in speeds.items() if speed * min_gain >= fastest)
-
-
 def _report(acceptance: list[float], predicted: dict, measured: dict, min_gain: float) -> str:
     lines = ["acceptance per position: " + " ".join(f"{r:.2f}" for r in acceptance),
              "batch size  predicted K (speedup)" + ("  measured K (speedup over K=0)" if measured else "")]
@@ -127,7 +120,7 @@ def _report(acceptance: list[float], predicted: dict, measured: dict, min_gain: 
         line = f"{batch_size:10d}  {k:2d} ({speedup:.2f}x)"
         if batch_size in measured:
             speeds = measured[batch_size]
-            k = measured_choice(speeds, min_gain)
+            k = smallest_k_within(speeds, min_gain)
             line += f"             {k:2d} ({speeds[k] / speeds[0]:.2f}x)"
         lines.append(line)
     return "\n".join(lines)

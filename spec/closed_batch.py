@@ -11,9 +11,14 @@ without drafts at 64-256.
 So each finished closed batch that drafted is replayed (spec/batch_replay.py) at K = 0, 1, .. its K, and per batch
 size (powers of two) the replays of its last batches decide both for the next closed batches of that size.
 
-Whether to draft: replayed. Where K = 0 replays fastest, the next closed batches decode without drafts, and one of
+Both choose as `rollout tune` does (spec/tuning.py): the smallest K that the fastest replayed K does not beat by
+MIN_GAIN (2%), so neither drafting nor deeper drafting (more verification) is taken for a gain the replays do not
+resolve (the step-cost model's error between Ks is larger: below). On the default workload, a smaller K replayed within
+2% of the fastest in 11 of 16 windows at 32-256 requests.
+
+Whether to draft: replayed. Where K = 0 is that K, the next closed batches decode without drafts, and one of
 them drafts again to see whether that still holds (the policy being trained, its prompts, a refreshed drafter all
-change it, and an undrafted batch is not replayed): the 2nd after the verdict, then, while K = 0 stays fastest, the
+change it, and an undrafted batch is not replayed): the 2nd after the verdict, then, while K = 0 stays chosen, the
 4th, the 8th, and every RECHECK-th (FIRST_RECHECK). The replays price the drafter's own prompt prefill from the
 batch's measured first step, and a forward that feeds a row 2 tokens where its drafts were all accepted
 (spec/batch_replay.py); without those, replays priced drafting 5-8% low at 256 requests (default workload: K = 1
@@ -24,8 +29,8 @@ rows). The verdict before this one was measured (each batch's time over its repl
 last 3 drafted batches against the last 3 undrafted): on a noisy 2-core VM, where one batch of 256 takes 2.2-3.1 s
 for the same work, it flipped between drafting and not, and the adaptive arms ran at 0.83-0.85 of K = 1 there.
 
-How deep: replayed. Where it drafts, a batch offers every request, untrimmed, the K >= 1 whose replays over the
-size's last batches took least (the last NUM_BATCHES, or more where those hold fewer than REPLAY_REQUESTS requests).
+How deep: replayed. Where it drafts, a batch offers every request, untrimmed, the K >= 1 chosen from the replays
+over the size's last batches (the last NUM_BATCHES, or more where those hold fewer than REPLAY_REQUESTS requests).
 The replays take each batch's own steps at the K it ran and find, from its trace, the steps and verified tokens of
 the others within 2% (default and mixed workloads, 16 and 64 requests, from batches run at K = 4 and 8), but for K =
 8 from K = 4 at 16 requests on the default workload (6% too many steps); an earlier replay that resampled whole
@@ -44,6 +49,7 @@ from collections import deque
 from spec.batch_replay import BatchTiming, Trace, replayed_seconds
 from spec.metrics import RequestAcceptance
 from spec.step_cost import StepCostModel
+from spec.tuning import smallest_k_within
 
 NUM_BATCHES = 3  # a size's decisions use its last 3 batches at least: one batch replays with its own luck
 FIRST_RECHECK = 2  # a size where drafting just lost drafts again at its 2nd closed batch, and each recheck that
@@ -75,7 +81,7 @@ class ClosedBatchSchedule:
         return best_k(replays, least=1) if self.allows_drafting(num_reqs) else 0
 
     def allows_drafting(self, num_reqs: int) -> bool:
-        """Whether a closed batch of num_reqs requests should draft: its size's replays found drafting fastest, or
+        """Whether a closed batch of num_reqs requests should draft: its size's replays chose drafting, or
         it is the recheck (module docstring)."""
         size = num_reqs.bit_length()
         replays = self._replays.get(size)
@@ -108,7 +114,7 @@ class ClosedBatchSchedule:
 
 
 def best_k(replays, least: int = 0) -> int:
-    """The K >= least with the least replayed seconds summed over the batches, (num_reqs, seconds at K = 0, 1, ..)
-    each (up to the least K any of them was allowed)."""
+    """The smallest K >= least whose replayed seconds, summed over the batches ((num_reqs, seconds at K = 0, 1, ..)
+    each, up to the least K any of them was allowed), the fastest K does not beat by MIN_GAIN."""
     totals = [sum(seconds) for seconds in zip(*(seconds for _, seconds in replays))]
-    return min(range(least, len(totals)), key=totals.__getitem__)
+    return smallest_k_within({k: 1.0 / totals[k] for k in range(least, len(totals))})

@@ -9,10 +9,15 @@ B (K + 1) tokens, so its speed relative to no speculation is
     speedup(B, K) = (1 + sum_{j<K} r_j) x verify_cost(B, B) / (K draft_cost(B) + verify_cost(B, B (K + 1))).
 
 The schedule takes the best K per batch size, and K = 0 wherever no K beats no speculation by `min_gain`.
+Measured or replayed speeds choose by `smallest_k_within`: the smallest K that the fastest does not beat by
+`min_gain` (MIN_GAIN unless told).
 """
 
 from spec.schedule import BatchSizeSchedule
 from spec.step_cost import StepCostModel
+
+MIN_GAIN = 1.02  # a deeper K (more verification) must win by 2%: the tuner's timings and the closed batches'
+# replays do not resolve less (the replays put K = 1 4% behind K = 3 at 256 requests, where paired runs put them level)
 
 
 def predicted_speedup(acceptance: list[float], costs: StepCostModel, batch_size: int, k: int) -> float:
@@ -32,7 +37,7 @@ def best_k(acceptance: list[float], costs: StepCostModel, batch_size: int, min_g
 
 
 def tuned_schedule(acceptance: list[float], costs: StepCostModel, max_batch_size: int,
-                   min_gain: float = 1.02) -> list[list[int]]:
+                   min_gain: float = MIN_GAIN) -> list[list[int]]:
     """[[range_start, range_end, K], ...] covering batch sizes 1 .. max_batch_size (spec/schedule.py rules)."""
     ranges: list[list[int]] = []
     for batch_size in range(1, max_batch_size + 1):
@@ -43,3 +48,11 @@ def tuned_schedule(acceptance: list[float], costs: StepCostModel, max_batch_size
             ranges.append([batch_size, batch_size, k])
     BatchSizeSchedule(ranges, max(len(acceptance), 1))  # valid by construction; a broken one fails here
     return ranges
+
+
+def smallest_k_within(speeds: dict[int, float], min_gain: float = MIN_GAIN) -> int:
+    """The smallest K that the fastest does not beat by min_gain (speeds: K -> tokens per second, or any measure
+    that grows with speed): K = 0, where offered, unless speculation wins by min_gain, and no deeper drafting (more
+    verification work) for a gain within the measurement's noise."""
+    fastest = max(speeds.values())
+    return min(k for k, speed in speeds.items() if speed * min_gain >= fastest)

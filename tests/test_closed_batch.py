@@ -6,7 +6,7 @@ from replay_testing import COSTS, flat_costs, record
 from rollout import RolloutGenerator, SamplingParams
 from spec import RequestAcceptance, StepCostModel
 from spec.batch_replay import BatchTiming
-from spec.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, REPLAY_REQUESTS, ClosedBatchSchedule
+from spec.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, REPLAY_REQUESTS, ClosedBatchSchedule, best_k
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
@@ -94,6 +94,17 @@ def test_a_size_offers_the_k_its_replays_found_fastest():
     schedule = ClosedBatchSchedule()
     _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=0)
     assert schedule.k_max(4) is None  # a batch allowed no drafts is not replayed
+
+
+def test_a_k_the_fastest_replay_beats_by_less_than_min_gain_is_taken_where_it_is_smaller():
+    # seconds at K = 0 .. 3, summed over the window's batches: K = 3 is fastest, K = 2 within 2% of it over two
+    # batches (8.1 + 8.1 against 8.0 + 7.95: 1.6%; MIN_GAIN is 2%), K = 1 not (2.8%)
+    window = [(4, [10.0, 8.2, 8.1, 8.0]), (4, [10.0, 8.2, 8.1, 7.95])]
+    assert best_k(window) == best_k(window, least=1) == 2
+    assert best_k([(4, [10.0, 8.2, 8.1, 7.9])]) == 3  # 2.5% behind: the deeper K is worth it
+    # drafting that wins by less than MIN_GAIN is not taken
+    assert best_k([(64, [10.0, 9.85, 9.9])]) == 0 and best_k([(64, [10.0, 9.85, 9.9])], least=1) == 1
+    assert best_k([(64, [10.0, 9.75, 9.9])]) == 1
 
 
 def _adaptive(target, draft, max_num_seqs=4, draft_seconds=0.01):
