@@ -11,14 +11,9 @@ without drafts at 64-256.
 So each finished closed batch that drafted is replayed (spec/batch_replay.py) at K = 0, 1, .. its K, and per batch
 size (powers of two) the replays of its last batches decide both for the next closed batches of that size.
 
-Both choose as `rollout tune` does (spec/tuning.py): the smallest K that the fastest replayed K does not beat by
-MIN_GAIN (2%), so neither drafting nor deeper drafting (more verification) is taken for a gain the replays do not
-resolve (the step-cost model's error between Ks is larger: below). On the default workload, a smaller K replayed within
-2% of the fastest in 11 of 16 windows at 32-256 requests.
-
-Whether to draft: replayed. Where K = 0 is that K, the next closed batches decode without drafts, and one of
+Whether to draft: replayed. Where K = 0 replays fastest, the next closed batches decode without drafts, and one of
 them drafts again to see whether that still holds (the policy being trained, its prompts, a refreshed drafter all
-change it, and an undrafted batch is not replayed): the 2nd after the verdict, then, while K = 0 stays chosen, the
+change it, and an undrafted batch is not replayed): the 2nd after the verdict, then, while K = 0 stays fastest, the
 4th, the 8th, and every RECHECK-th (FIRST_RECHECK). The replays price the drafter's own prompt prefill from the
 batch's measured first step, and a forward that feeds a row 2 tokens where its drafts were all accepted
 (spec/batch_replay.py); without those, replays priced drafting 5-8% low at 256 requests (default workload: K = 1
@@ -30,7 +25,13 @@ last 3 drafted batches against the last 3 undrafted): on a noisy 2-core VM, wher
 for the same work, it flipped between drafting and not, and the adaptive arms ran at 0.83-0.85 of K = 1 there.
 
 How deep: replayed. Where it drafts, a batch offers every request, untrimmed, the K >= 1 chosen from the replays
-over the size's last batches (the last NUM_BATCHES, or more where those hold fewer than REPLAY_REQUESTS requests).
+over the size's last batches (the last NUM_BATCHES, or more where those hold fewer than REPLAY_REQUESTS requests), as
+`rollout tune` chooses (spec/tuning.py): the smallest K that the fastest does not beat by MIN_GAIN (2%), so deeper
+drafting (more verification) is not taken for a gain the replays do not resolve (on the default workload, a smaller K
+replayed within 2% of the fastest in 11 of 16 windows at 32-256 requests). Not so for whether to draft: an undrafted
+batch is not replayed, so a verdict for K = 0 stands until its recheck, where one for drafting is replayed again with
+every batch (with the margin on it too, most closed batches of 64 on the default workload went undrafted in a
+benchmark run, 12% behind the schedule's K = 4, paired).
 The replays take each batch's own steps at the K it ran and find, from its trace, the steps and verified tokens of
 the others within 2% (default and mixed workloads, 16 and 64 requests, from batches run at K = 4 and 8), but for K =
 8 from K = 4 at 16 requests on the default workload (6% too many steps); an earlier replay that resampled whole
@@ -78,14 +79,14 @@ class ClosedBatchSchedule:
         replays = self._replays.get(num_reqs.bit_length())
         if replays is None:
             return None
-        return best_k(replays, least=1) if self.allows_drafting(num_reqs) else 0
+        return best_k(replays) if self.allows_drafting(num_reqs) else 0
 
     def allows_drafting(self, num_reqs: int) -> bool:
-        """Whether a closed batch of num_reqs requests should draft: its size's replays chose drafting, or
+        """Whether a closed batch of num_reqs requests should draft: its size's replays found drafting fastest, or
         it is the recheck (module docstring)."""
         size = num_reqs.bit_length()
         replays = self._replays.get(size)
-        if replays is None or best_k(replays) > 0:
+        if replays is None or drafting_wins(replays):
             return True
         return self._since_drafted.get(size, 0) + 1 >= self._recheck.get(size, FIRST_RECHECK)
 
@@ -103,18 +104,29 @@ class ClosedBatchSchedule:
             return
         self._since_drafted[size] = 0
         replays = self._replays.setdefault(size, deque())
-        paid = not replays or best_k(replays) > 0
+        paid = not replays or drafting_wins(replays)
         replays.append((len(lengths), replayed_seconds(lengths, max_lengths, trace, k_limit, timing, costs)))
         while len(replays) > NUM_BATCHES and sum(n for n, _ in replays) - replays[0][0] >= REPLAY_REQUESTS:
             replays.popleft()
-        if best_k(replays) > 0:
+        if drafting_wins(replays):
             self._recheck.pop(size, None)
         else:  # drafting lost with this batch, or lost again at its recheck: wait twice as long as before
             self._recheck[size] = FIRST_RECHECK if paid else min(2 * self._recheck.get(size, FIRST_RECHECK), RECHECK)
 
 
-def best_k(replays, least: int = 0) -> int:
-    """The smallest K >= least whose replayed seconds, summed over the batches ((num_reqs, seconds at K = 0, 1, ..)
-    each, up to the least K any of them was allowed), the fastest K does not beat by MIN_GAIN."""
-    totals = [sum(seconds) for seconds in zip(*(seconds for _, seconds in replays))]
-    return smallest_k_within({k: 1.0 / totals[k] for k in range(least, len(totals))})
+def drafting_wins(replays) -> bool:
+    """Whether some K >= 1 replayed faster than K = 0, summed over the batches ((num_reqs, seconds at K = 0, 1, ..)
+    each, up to the least K any of them was allowed)."""
+    totals = _totals(replays)
+    return min(totals[1:]) < totals[0]
+
+
+def best_k(replays) -> int:
+    """The smallest K >= 1 whose replayed seconds, summed over the batches, the fastest K >= 1 does not beat by
+    MIN_GAIN."""
+    totals = _totals(replays)
+    return smallest_k_within({k: 1.0 / totals[k] for k in range(1, len(totals))})
+
+
+def _totals(replays) -> list[float]:
+    return [sum(seconds) for seconds in zip(*(seconds for _, seconds in replays))]
