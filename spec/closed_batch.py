@@ -9,7 +9,8 @@ verification ran at 0.78-0.93 of K = 1-2 drafts for every request at 16-128 requ
 without drafts at 64-256.
 
 So each finished closed batch that drafted is replayed (spec/batch_replay.py) at K = 0, 1, .. its K, and per batch
-size (powers of two) the replays of its last batches decide both for the next closed batches of that size.
+size (powers of two) the replays of its last batches decide both for the next closed batches of that size. Small
+batches are replayed less often: a size's replays take at most REPLAY_SHARE of its batches' time.
 
 Whether to draft: replayed. Where K = 0 replays fastest, the next closed batches decode without drafts, and one of
 them drafts again to see whether that still holds (the policy being trained, its prompts, a refreshed drafter all
@@ -45,6 +46,7 @@ default workload at 4-16 requests (10.5 steps a batch of 8 where K = 8 took 8.9)
 own is not capped: the per-step policy trims, and the batch's records start its replays.
 """
 
+import time
 from collections import deque
 
 from spec.batch_replay import BatchTiming, Trace, replayed_seconds
@@ -61,6 +63,9 @@ REPLAY_REQUESTS = 64  # a size follows its last batches' replays over at least 6
 # requests on the default workload, 8% behind K = 8 (median of 24 batches, each timed against K = 8's on the same
 # prompts), and between 1 and 4 at 4 requests on the mixed one, 5% behind K = 2; over 64 requests, K = 8 throughout
 # (3% behind, on the same steps as K = 8), and 2-3 (even with K = 2)
+REPLAY_SHARE = 0.005  # a size's replays take at most 0.5% of its closed batches' time: while they have taken more,
+# its drafted batches are not replayed (a recheck always is). A replay costs about 1 ms of numpy at 2 requests, 1.2-1.5%
+# of a batch there (default workload), so about one batch in 3 is replayed; at 256 requests 25 ms of 3-4 s
 
 
 class ClosedBatchSchedule:
@@ -69,6 +74,7 @@ class ClosedBatchSchedule:
     def __init__(self):
         # log2 batch size -> its last drafted batches' sizes and replayed seconds at K = 0, 1, ..
         self._replays: dict[int, deque[tuple[int, list[float]]]] = {}
+        self._seconds: dict[int, list[float]] = {}  # its closed batches' seconds, and its replays'
         self._since_drafted: dict[int, int] = {}  # closed batches of that size run without drafts since one drafted
         self._recheck: dict[int, int] = {}  # where drafting lost: the closed batch since one drafted that drafts again
 
@@ -98,6 +104,8 @@ class ClosedBatchSchedule:
         if not lengths or timing.num_steps < 2:
             return
         size = len(lengths).bit_length()
+        seconds = self._seconds.setdefault(size, [0.0, 0.0])
+        seconds[0] += timing.seconds
         trace = Trace(records, lengths)
         if not trace.drafted or not k_limit:
             self._since_drafted[size] = self._since_drafted.get(size, 0) + 1
@@ -105,7 +113,11 @@ class ClosedBatchSchedule:
         self._since_drafted[size] = 0
         replays = self._replays.setdefault(size, deque())
         paid = not replays or drafting_wins(replays)
+        if paid and replays and seconds[1] > REPLAY_SHARE * seconds[0]:
+            return  # the replays have had their share of the size's time
+        start = time.perf_counter()
         replays.append((len(lengths), replayed_seconds(lengths, max_lengths, trace, k_limit, timing, costs)))
+        seconds[1] += time.perf_counter() - start
         while len(replays) > NUM_BATCHES and sum(n for n, _ in replays) - replays[0][0] >= REPLAY_REQUESTS:
             replays.popleft()
         if drafting_wins(replays):

@@ -14,20 +14,21 @@ from spec.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, REPLAY_REQUES
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
 
-def _timing() -> BatchTiming:
-    """A two-step run: the first step 0 s, nothing outside verification (a replay reads only these)."""
+def _timing(seconds: float = 1e6) -> BatchTiming:
+    """A two-step run: the first step 0 s, nothing outside verification (a replay reads only these), long enough
+    that replaying it stays within REPLAY_SHARE."""
     timing = BatchTiming()
     timing.observe_step(0.0, 0.0, 0.0)
-    timing.observe_step(1.0, 0.0, 1.0)
+    timing.observe_step(seconds, 0.0, seconds)
     return timing
 
 
 def _observe(schedule: ClosedBatchSchedule, lengths: list[int], drafted: bool, costs: StepCostModel = COSTS,
-             records: list | None = None, k_limit: int = 0) -> None:
+             records: list | None = None, k_limit: int = 0, seconds: float = 1e6) -> None:
     """A closed batch; with drafts, every one accepted unless `records` says otherwise."""
     if records is None:
         records = [record([(1, 1)]) if drafted else RequestAcceptance() for _ in lengths]
-    schedule.observe(lengths, [64] * len(lengths), records, _timing(), costs, k_limit)
+    schedule.observe(lengths, [64] * len(lengths), records, _timing(seconds), costs, k_limit)
 
 
 # 64 requests of 40 tokens (a size's window is then its last NUM_BATCHES batches), their drafts always rejected: at
@@ -113,6 +114,27 @@ def test_a_k_the_fastest_replay_beats_by_less_than_min_gain_is_offered_where_it_
     assert schedule.k_max(64) == 1
     schedule._replays[7] = deque([(64, [10.0, 10.01, 10.2])])
     assert schedule.k_max(64) == 0
+
+
+def test_a_size_whose_replays_took_their_share_of_its_time_replays_no_more_batches_but_its_rechecks():
+    schedule = ClosedBatchSchedule()
+    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3, seconds=1e-6)
+    assert len(schedule._replays[3]) == 1  # a size's first batch is replayed: its replays took more than the batch
+    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3, seconds=1e-6)
+    assert len(schedule._replays[3]) == 1
+    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3)  # 1e6 s
+    assert len(schedule._replays[3]) == 2
+    never = [record([(1, 0)] * 40)] * len(LONG)  # K = 0 replays fastest; then a recheck is replayed anyway
+    for _ in range(REPLAY_REQUESTS // len(LONG)):
+        _observe(schedule, LONG, drafted=True, costs=flat_costs(0.02), records=never, k_limit=3)
+    assert not schedule.allows_drafting(4)
+    for _ in range(RECHECK):  # the loop's batches confirmed the loss again and again: the wait has grown
+        if schedule.allows_drafting(4):
+            break
+        _observe(schedule, LONG, drafted=False, seconds=1e-6)
+    assert schedule.allows_drafting(4)
+    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.02), records=TWO_IN_THREE, k_limit=3, seconds=1e-6)
+    assert schedule._replays[3][-1][1][2] < 39.0  # the recheck's replay: K = 2 wins
 
 
 def _adaptive(target, draft, max_num_seqs=4, draft_seconds=0.01):
