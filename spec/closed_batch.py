@@ -10,7 +10,8 @@ without drafts at 64-256.
 
 So each finished closed batch that drafted is replayed (spec/batch_replay.py) at K = 0, 1, .. its K, and per batch
 size (powers of two) the replays of its last batches decide both for the next closed batches of that size. Small
-batches are replayed less often: a size's replays take at most REPLAY_SHARE of its batches' time.
+batches are replayed less often: once a size's window is full, its replays take at most REPLAY_SHARE of its
+batches' time.
 
 Whether to draft: replayed. Where K = 0 replays fastest, the next closed batches decode without drafts, and one of
 them drafts again to see whether that still holds (the policy being trained, its prompts, a refreshed drafter all
@@ -63,9 +64,11 @@ REPLAY_REQUESTS = 64  # a size follows its last batches' replays over at least 6
 # requests on the default workload, 8% behind K = 8 (median of 24 batches, each timed against K = 8's on the same
 # prompts), and between 1 and 4 at 4 requests on the mixed one, 5% behind K = 2; over 64 requests, K = 8 throughout
 # (3% behind, on the same steps as K = 8), and 2-3 (even with K = 2)
-REPLAY_SHARE = 0.005  # a size's replays take at most 0.5% of its closed batches' time: while they have taken more,
-# its drafted batches are not replayed (a recheck always is). A replay costs about 1 ms of numpy at 2 requests, 1.2-1.5%
-# of a batch there (default workload), so about one batch in 3 is replayed; at 256 requests 25 ms of 3-4 s
+REPLAY_SHARE = 0.005  # once a size's window is full (REPLAY_REQUESTS requests, NUM_BATCHES batches), its replays
+# take at most 0.5% of its closed batches' time: while they have taken more, its drafted batches are not replayed (a
+# recheck always is). A replay costs about 1 ms of numpy at 2 requests, 1.2-1.5% of a batch there (default workload),
+# so about one batch in 3 is replayed; at 256 requests 25 ms of 3-4 s. Not before the window is full: throttled from
+# the start, a benchmark's 27 batches of 2 left 9 in the window, and adaptive verification offered K = 4 where 8 wins
 
 
 class ClosedBatchSchedule:
@@ -113,7 +116,8 @@ class ClosedBatchSchedule:
         self._since_drafted[size] = 0
         replays = self._replays.setdefault(size, deque())
         paid = not replays or drafting_wins(replays)
-        if paid and replays and seconds[1] > REPLAY_SHARE * seconds[0]:
+        full = len(replays) >= NUM_BATCHES and sum(n for n, _ in replays) >= REPLAY_REQUESTS
+        if paid and full and seconds[1] > REPLAY_SHARE * seconds[0]:
             return  # the replays have had their share of the size's time
         start = time.perf_counter()
         replays.append((len(lengths), replayed_seconds(lengths, max_lengths, trace, k_limit, timing, costs)))

@@ -116,25 +116,30 @@ def test_a_k_the_fastest_replay_beats_by_less_than_min_gain_is_offered_where_it_
     assert schedule.k_max(64) == 0
 
 
-def test_a_size_whose_replays_took_their_share_of_its_time_replays_no_more_batches_but_its_rechecks():
+def test_a_size_whose_window_is_full_and_whose_replays_took_their_share_replays_no_more_batches_but_its_rechecks():
     schedule = ClosedBatchSchedule()
-    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3, seconds=1e-6)
-    assert len(schedule._replays[3]) == 1  # a size's first batch is replayed: its replays took more than the batch
-    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3, seconds=1e-6)
-    assert len(schedule._replays[3]) == 1
-    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3)  # 1e6 s
-    assert len(schedule._replays[3]) == 2
-    never = [record([(1, 0)] * 40)] * len(LONG)  # K = 0 replays fastest; then a recheck is replayed anyway
-    for _ in range(REPLAY_REQUESTS // len(LONG)):
-        _observe(schedule, LONG, drafted=True, costs=flat_costs(0.02), records=never, k_limit=3)
-    assert not schedule.allows_drafting(4)
-    for _ in range(RECHECK):  # the loop's batches confirmed the loss again and again: the wait has grown
-        if schedule.allows_drafting(4):
+    wide = [40] * REPLAY_REQUESTS  # each batch fills the window's requests: it is full from NUM_BATCHES batches
+    for _ in range(NUM_BATCHES):  # replayed whatever they cost until the window is full
+        _observe(schedule, wide, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:1] * len(wide), k_limit=3,
+                 seconds=1e-6)
+    assert len(schedule._replays[7]) == NUM_BATCHES
+    last = schedule._replays[7][-1]
+    three = [record([(4, 3)] * 10)] * len(wide)  # another batch, that would replay otherwise
+    _observe(schedule, wide, drafted=True, costs=flat_costs(0.3), records=three, k_limit=3, seconds=1e-6)
+    assert schedule._replays[7][-1] is last  # the replays took more than their share: not replayed
+    _observe(schedule, wide, drafted=True, costs=flat_costs(0.3), records=three, k_limit=3)  # 1e6 s
+    assert schedule._replays[7][-1] is not last
+    never = [record([(1, 0)] * 40)] * len(wide)  # K = 0 replays fastest; then a recheck is replayed anyway
+    for _ in range(NUM_BATCHES):
+        _observe(schedule, wide, drafted=True, costs=flat_costs(0.02), records=never, k_limit=3)
+    assert not schedule.allows_drafting(64)
+    for _ in range(RECHECK):  # the batches confirmed the loss again and again: the wait has grown
+        if schedule.allows_drafting(64):
             break
-        _observe(schedule, LONG, drafted=False, seconds=1e-6)
-    assert schedule.allows_drafting(4)
-    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.02), records=TWO_IN_THREE, k_limit=3, seconds=1e-6)
-    assert schedule._replays[3][-1][1][2] < 39.0  # the recheck's replay: K = 2 wins
+        _observe(schedule, wide, drafted=False, seconds=1e-6)
+    assert schedule.allows_drafting(64)
+    _observe(schedule, wide, drafted=True, costs=flat_costs(0.02), records=three, k_limit=3, seconds=1e-6)
+    assert schedule._replays[7][-1][1][3] < 39.0  # the recheck's replay: K = 3 wins
 
 
 def _adaptive(target, draft, max_num_seqs=4, draft_seconds=0.01):
