@@ -31,8 +31,8 @@ over the size's last batches (the last NUM_BATCHES, or more where those hold few
 `rollout tune` chooses (spec/tuning.py): the smallest K that the fastest does not beat by MIN_GAIN (2%), so deeper
 drafting (more verification) is not taken for a gain the replays do not resolve (on the default workload, a smaller K
 replayed within 2% of the fastest in 11 of 16 windows at 32-256 requests). Not so for whether to draft: an undrafted
-batch is not replayed, so a verdict for K = 0 stands until its recheck, where one for drafting is replayed again with
-every batch (with the margin on it too, most closed batches of 64 on the default workload went undrafted in a
+batch is not replayed, so a verdict for K = 0 stands until its recheck, where one for drafting keeps being replayed
+(with the margin on it too, most closed batches of 64 on the default workload went undrafted in a
 benchmark run, 12% behind the schedule's K = 4, paired).
 The replays take each batch's own steps at the K it ran and find, from its trace, the steps and verified tokens of
 the others within 2% (default and mixed workloads, 16 and 64 requests, from batches run at K = 4 and 8), but for K =
