@@ -159,10 +159,11 @@ def replayed_seconds(lengths: list[int], max_lengths: list[int], trace: Trace | 
 def _prefill_seconds(first_drafts: np.ndarray, timing: BatchTiming, costs: StepCostModel) -> float:
     """The measured first step's drafting beyond what its draft forwards cost in the model: the drafter prefills the
     prompts there (at 256 requests that is most of the step's drafting), at any K; 0 where it drafted nothing."""
+    if not first_drafts.any():
+        return 0.0
     forward = costs.draft_forward_costs(len(first_drafts))
     rows = [(first_drafts >= depth).sum() for depth in range(1, first_drafts.max() + 1)]  # per draft forward
-    modelled = sum(forward[n - 1] for n in rows)
-    return max(timing.first_step_draft_seconds - modelled, 0.0) if first_drafts.any() else 0.0
+    return max(timing.first_step_draft_seconds - sum(forward[n - 1] for n in rows), 0.0)
 
 
 def _steps(accepted: np.ndarray, lengths: np.ndarray, max_lengths: np.ndarray, k_max: int):

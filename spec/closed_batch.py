@@ -77,7 +77,8 @@ class ClosedBatchSchedule:
     def __init__(self):
         # log2 batch size -> its last drafted batches' sizes and replayed seconds at K = 0, 1, ..
         self._replays: dict[int, deque[tuple[int, list[float]]]] = {}
-        self._seconds: dict[int, list[float]] = {}  # its closed batches' seconds, and its replays'
+        self._batch_seconds: dict[int, float] = {}  # its closed batches' seconds
+        self._replay_seconds: dict[int, float] = {}  # its replays' seconds
         self._since_drafted: dict[int, int] = {}  # closed batches of that size run without drafts since one drafted
         self._recheck: dict[int, int] = {}  # where drafting lost: the closed batch since one drafted that drafts again
 
@@ -107,8 +108,7 @@ class ClosedBatchSchedule:
         if not lengths or timing.num_steps < 2:
             return
         size = len(lengths).bit_length()
-        seconds = self._seconds.setdefault(size, [0.0, 0.0])
-        seconds[0] += timing.seconds
+        self._batch_seconds[size] = self._batch_seconds.get(size, 0.0) + timing.seconds
         trace = Trace(records, lengths)
         if not trace.drafted or not k_limit:
             self._since_drafted[size] = self._since_drafted.get(size, 0) + 1
@@ -117,11 +117,11 @@ class ClosedBatchSchedule:
         replays = self._replays.setdefault(size, deque())
         paid = not replays or drafting_wins(replays)
         full = len(replays) >= NUM_BATCHES and sum(n for n, _ in replays) >= REPLAY_REQUESTS
-        if paid and full and seconds[1] > REPLAY_SHARE * seconds[0]:
+        if paid and full and self._replay_seconds.get(size, 0.0) > REPLAY_SHARE * self._batch_seconds[size]:
             return  # the replays have had their share of the size's time
         start = time.perf_counter()
         replays.append((len(lengths), replayed_seconds(lengths, max_lengths, trace, k_limit, timing, costs)))
-        seconds[1] += time.perf_counter() - start
+        self._replay_seconds[size] = self._replay_seconds.get(size, 0.0) + time.perf_counter() - start
         while len(replays) > NUM_BATCHES and sum(n for n, _ in replays) - replays[0][0] >= REPLAY_REQUESTS:
             replays.popleft()
         if drafting_wins(replays):
