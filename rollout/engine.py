@@ -7,8 +7,9 @@ slot is cropped back to the invariant: rejected drafts vanish by moving the leng
 
 With adaptive verification (spec/adaptive.py) the proposal is trimmed per request before verification, and
 after it the judged drafts teach the calibrator and the measured times refine the step-cost model. A run whose
-requests all start at its first step (a closed batch) offers every request, untrimmed, the K that replaying the last
-ones of its size found fastest, 0 included (spec/closed_batch.py); its outcome is replayed in turn.
+requests all start at its first step (a closed batch) offers every request up to the K that replaying the last
+ones of its size found fastest, 0 included (spec/closed_batch.py), drafting as deep as its critical path pays
+(spec/adaptive.py); its outcome is replayed in turn.
 """
 
 import time
@@ -56,8 +57,8 @@ class Engine:
         num_drafts = [min(k_max, r.room_for_drafts(self.max_model_len)) for r in requests]
         uncached = [] if self.adaptive is None else [r.num_tokens - self.runner.seq_len(r.slot) for r in requests]
         req_ids = None if self.adaptive is None else [r.req_id for r in requests]
-        if self.adaptive is not None and self.adaptive.trims:
-            self.adaptive.begin_step(len(requests), sum(uncached))
+        if self.adaptive is not None:
+            self.adaptive.begin_step(len(requests), sum(uncached), k_max)
         clock = time.perf_counter()
         proposal = self._propose(requests, num_drafts)
         drafted, draft_seconds = proposal.num_draft_tokens, time.perf_counter() - clock
@@ -191,7 +192,7 @@ class Engine:
         batch = list(self.scheduler.waiting)
         is_closed = schedule is not None and not self.scheduler.running and len(batch) <= self.scheduler.max_num_seqs
         self.draft_cap = schedule.k_max(len(batch)) if is_closed else None
-        if self.adaptive is not None:  # under a closed batch's cap, every request is offered it (spec/closed_batch.py)
+        if self.adaptive is not None:  # no per-step allocation under a closed batch's cap (spec/closed_batch.py)
             self.adaptive.trims = self.draft_cap is None
         self.timing = BatchTiming()
         while self.has_unfinished:

@@ -22,6 +22,14 @@ decided the same way (survival 1, the first position's rate): where verification
 large batch on a CPU, a request the drafter predicts badly) a step drafts nothing and costs what decoding without
 speculation does, instead of a draft forward over every row for drafts it then trims.
 
+Under a closed batch's cap (spec/closed_batch.py) no allocation runs: its replays chose the cap, and trimming at the
+step's rate loses there (the batch waits on its slowest request, and a step's rate counts every request's tokens
+alike). Every request gets a first draft, and further drafts are decided as above at one request's rate on the
+batch's critical path (begin_step): a draft that does not pay even for the request the batch waits on is not drafted.
+At 2 requests on the default workload (cap K = 8) that verified 1.232 tokens per emitted token, where the cap for
+every request verified 1.279, in the same time within this machine's noise (40 batches, each timed against the cap
+on the same prompts: median 0.97, total 1.005); at 4-64 requests, and 4 on the mixed workload, 0.95-1.03 (30).
+
 Per request. The calibrator maps confidence to acceptance for all requests alike, but a drafter can be as sure of its
 drafts for a prompt it predicts badly as for one it predicts well (on the benchmark's mixed workload, drafts with
 confidence >= 0.9 are accepted 99.7% of the time on task prompts and 54% on noise). So each running request keeps
@@ -89,10 +97,12 @@ class AdaptiveVerifier:
         self.costs = costs  # set before the first step (the generator profiles it once runners exist)
         self.refine = refine  # refine the costs from measured step times (off for a table the user supplied)
         self.closed_batch = ClosedBatchSchedule()  # whether and how deep closed batches draft, per size
-        self.trims = True  # False in a closed batch under its cap: every request gets every draft up to k_max, and
-        # no step is planned (begin_step, allocate); observe hands the calibrator the judged drafts, and the draft
-        # extensions are timed as ever (the closed-batch replays price drafting with the refined costs)
-        self.rate = 0.0  # expected tokens per second of the last allocation; 0 (draft up to k_max) before one
+        self.trims = True  # False in a closed batch under its cap: no allocation (each request verifies what it
+        # drafted), every request gets a first draft, and further drafts are priced on the critical path
+        # (begin_step); observe hands the calibrator the judged drafts, and the draft extensions are timed as ever
+        # (the closed-batch replays price drafting with the refined costs)
+        self.rate = 0.0  # expected tokens per second of the last allocation (under a closed batch's cap, of one
+        # request: _price_critical_path); 0 (draft up to k_max) before one
         self.threshold = 0.0  # survival that pays for one more verified token, at the last allocation
         self._by_batch_size: dict[int, tuple[float, float]] = {}  # log2 batch size -> (rate, threshold) there
         self._batch_size_bucket = 0
@@ -109,13 +119,20 @@ class AdaptiveVerifier:
         self._is_decoding = False  # this step feeds each row one uncached token (no prompt)
         self._num_drafting = 0  # rows given a first draft this step
 
-    def begin_step(self, num_reqs: int, num_uncached: int) -> None:
-        """A step of num_reqs requests with num_uncached non-draft tokens starts: drafting decisions use the rate and
-        threshold of the last allocation at the nearest batch size (by powers of 2) where one was made (a draining
-        batch's lone last request runs at a fraction of a full batch's rate, and a fresh full batch, whose first
-        step prefills and records none, must not inherit it), or the last allocation's before any; but never a rate
-        below this step's without drafts (Dinkelbach: pricing time below the best rate known to be reachable
-        drafts more than pays; at 126 rows the last allocation's 4.2 tokens/ms against 6 without drafts)."""
+    def begin_step(self, num_reqs: int, num_uncached: int, k_max: int) -> None:
+        """A step of num_reqs requests with num_uncached non-draft tokens and at most k_max drafts per request
+        starts: drafting decisions use the rate and threshold of the last allocation at the nearest batch size (by
+        powers of 2) where one was made (a draining batch's lone last request runs at a fraction of a full batch's
+        rate, and a fresh full batch, whose first step prefills and records none, must not inherit it), or the last
+        allocation's before any; but never a rate below this step's without drafts (Dinkelbach: pricing time below
+        the best rate known to be reachable drafts more than pays; at 126 rows the last allocation's 4.2 tokens/ms
+        against 6 without drafts). Under a closed batch's cap, the critical path's rate (_price_critical_path)."""
+        self._drafts = {}
+        self._shape = self.costs.verify_shape(num_reqs)
+        self._is_decoding, self._num_drafting = num_uncached == num_reqs, 0
+        if not self.trims:
+            self._price_critical_path(num_reqs, num_uncached, k_max)
+            return
         bucket = self._batch_size_bucket = num_reqs.bit_length()
         near = min(self._by_batch_size, key=lambda b: (abs(b - bucket), -b), default=None)
         rate, threshold = (self.rate, self.threshold) if near is None else self._by_batch_size[near]
@@ -123,9 +140,22 @@ class AdaptiveVerifier:
         if rate and plain > rate:
             rate, threshold = plain, threshold * plain / rate
         self.rate, self.threshold = rate, threshold
-        self._drafts = {}
-        self._shape = self.costs.verify_shape(num_reqs)
-        self._is_decoding, self._num_drafting = num_uncached == num_reqs, 0
+
+    def _price_critical_path(self, num_reqs: int, num_uncached: int, k_max: int) -> None:
+        """A closed batch is done when its slowest request is, and any request may be that one: a draft is worth its
+        request's expected tokens, each worth the time one of that request's tokens takes, the step's time over the
+        tokens a request emits per step (not over the batch's, which would price time num_reqs times dearer). So
+        under the cap the rate is one request's: at k_max drafts, 1 + the sum of the positions' survivals (the
+        calibrator's acceptance rates multiplied) over the modelled step. A draft that does not pay at that rate
+        does not pay for any request; one that does is not cut, so the requests the batch waits on keep theirs."""
+        survival = tokens = 1.0
+        for position in range(k_max):
+            survival *= self.calibrator.acceptance_rate(position)
+            tokens += survival
+        seconds = self.costs.verify_cost(num_reqs, num_uncached + num_reqs * k_max) + \
+            k_max * self.costs.draft_cost([num_reqs])
+        self.rate = tokens / seconds
+        self.threshold = self.rate * self._shape.per_token
 
     def keep_drafting(self, req_ids: list[int], confidences: list[list[float]]) -> list[bool]:
         """Per request (its id, the raw confidences of its drafts so far, none before the first): does it get one
@@ -133,10 +163,13 @@ class AdaptiveVerifier:
         now = time.perf_counter()
         if self._extension is not None:
             self._extension_times.append((self._extension[0], now - self._extension[1]))
-        keep = self._keep(req_ids, confidences) if self.trims else [True] * len(confidences)
-        num_kept = sum(keep)
         # The first forward of a step also feeds each row the tokens verified last step: it is not timed as one.
         is_first = bool(confidences) and not confidences[0]
+        if is_first and not self.trims:  # under a closed batch's cap its replays decided that it drafts
+            keep, self._num_drafting = [True] * len(confidences), len(confidences)
+        else:
+            keep = self._keep(req_ids, confidences)
+        num_kept = sum(keep)
         self._extension = (num_kept, now) if num_kept and not is_first else None
         return keep
 

@@ -9,12 +9,12 @@ first rejected one, at most K, and emits one token more: the drafter's draft at 
 before it, which the replay keeps, not on where its step began (so for a draft model, where the arms of the benchmark
 agreed on every position both verified; an n-gram drafter's continuation can differ). Unseen positions are drawn,
 REPLAYS times, at their chances under a two-state Markov chain along each completion (Trace.unseen_acceptance), by
-systematic sampling (Trace.draws). At the K the batch ran untrimmed the replay takes the batch's own steps; at another
-it finds the runs of easy tokens where the batch found them. Measured on identical completions (benchmark workloads,
-16 and 64 requests), from batches run at K = 8 the replays found the steps of K = 1, 2 and 4 within 0.6% and their
-verified tokens within 1%; from K = 4, the steps of K = 8 within 2%, but 6% high at 16 requests on the default
-workload, where 1 position in 5 is drawn. Resampling whole steps instead (an earlier replay) ran up to 14% too many
-steps from batches run at K = 8, and charged up to 25% too many verified tokens at K = 8.
+systematic sampling (Trace.draws). Where the batch offered K drafts every step, the replay at K takes its own steps;
+at another it finds the runs of easy tokens where the batch found them. Measured on identical completions (benchmark
+workloads, 16 and 64 requests), from batches run at K = 8 the replays found the steps of K = 1, 2 and 4 within 0.6%
+and their verified tokens within 1%; from K = 4, the steps of K = 8 within 2%, but 6% high at 16 requests on the
+default workload, where 1 position in 5 is drawn. Resampling whole steps instead (an earlier replay) ran up to 14%
+too many steps from batches run at K = 8, and charged up to 25% too many verified tokens at K = 8.
 
 A replayed step drafts, for each running request, K drafts or as many as its room allows if fewer (max_tokens and
 max_model_len: k drafts emit up to k + 1 tokens), and none past its stop token where the drafter drafted it, as the

@@ -26,7 +26,7 @@ rows). The verdict before this one was measured (each batch's time over its repl
 last 3 drafted batches against the last 3 undrafted): on a noisy 2-core VM, where one batch of 256 takes 2.2-3.1 s
 for the same work, it flipped between drafting and not, and the adaptive arms ran at 0.83-0.85 of K = 1 there.
 
-How deep: replayed. Where it drafts, a batch offers every request, untrimmed, the K >= 1 chosen from the replays
+How deep: replayed. Where it drafts, a batch offers every request up to the K >= 1 chosen from the replays
 over the size's last batches (the last NUM_BATCHES, or more where those hold fewer than REPLAY_REQUESTS requests), as
 `rollout tune` chooses (spec/tuning.py): the smallest K that the fastest does not beat by MIN_GAIN (2%), so deeper
 drafting (more verification) is not taken for a gain the replays do not resolve (on the default workload, a smaller K
@@ -38,13 +38,16 @@ The replays take each batch's own steps at the K it ran and find, from its trace
 the others within 2% (default and mixed workloads, 16 and 64 requests, from batches run at K = 4 and 8), but for K =
 8 from K = 4 at 16 requests on the default workload (6% too many steps); an earlier replay that resampled whole
 steps priced K = 8 8-14% high relative to K = 4, and the largest K within 5% of the best was offered to make up for
-it. What is left is the step-cost model's error from one K's steps to another's. Untrimmed, because per-request
-trimming is what loses in a closed batch: it cuts the drafts of the requests the drafter predicts badly, which are
-the ones the batch waits on, and each step's rate counts a token of any request alike, where the batch's time is its
-slowest request's steps. Capped at the best K and trimming below it, adaptive verification ran 2-9% behind that K
-for every request (mixed workload, 16 requests); not capped at all, 5-8% behind K = 8 for every request on the
-default workload at 4-16 requests (10.5 steps a batch of 8 where K = 8 took 8.9). A size with no drafted batch of its
-own is not capped: the per-step policy trims, and the batch's records start its replays.
+it. What is left is the step-cost model's error from one K's steps to another's.
+Under the cap every request gets a first draft, and a further draft only where it pays on the batch's critical path
+(spec/adaptive.py: priced at one request's tokens per second, not the batch's), not where the per-step policy's
+allocation would admit it: trimming at the batch's rate is what loses in a closed batch. It cuts the drafts of the
+requests the drafter predicts badly, which are the ones the batch waits on, and each step's rate counts a token of
+any request alike, where the batch's time is its slowest request's steps. Capped at the best K and trimming below it
+so, adaptive verification ran 2-9% behind that K for every request (mixed workload, 16 requests); not capped at all,
+5-8% behind K = 8 for every request on the default workload at 4-16 requests (10.5 steps a batch of 8 where K = 8
+took 8.9). A size with no drafted batch of its own is not capped: the per-step policy trims, and the batch's records
+start its replays.
 """
 
 import time
@@ -83,7 +86,7 @@ class ClosedBatchSchedule:
         self._recheck: dict[int, int] = {}  # where drafting lost: the closed batch since one drafted that drafts again
 
     def k_max(self, num_reqs: int) -> int | None:
-        """The K a closed batch of num_reqs requests offers every request, untrimmed (0: no drafts); None where the
+        """The most drafts a closed batch of num_reqs requests offers a request (0: no drafts); None where the
         size has no drafted batch yet: no cap, adaptive verification trims per request up to the config's or the
         schedule's K."""
         replays = self._replays.get(num_reqs.bit_length())

@@ -204,7 +204,7 @@ def test_a_cost_table_can_be_a_json_file(target, tmp_path):
 def test_survival_is_the_running_product_of_calibrated_confidences_computed_once_per_step():
     calibrator = ConfidenceCalibrator(max_positions=4, num_bins=10)
     adaptive = AdaptiveVerifier(calibrator, StepCostModel.from_dict(FLAT))
-    adaptive.begin_step(3, 3)
+    adaptive.begin_step(3, 3, 4)
     survival = adaptive.survival([0, 1, 2], [[0.95, 0.55], [], [0.05]])
     assert survival[0] == pytest.approx([0.95, 0.95 * 0.55])
     assert len(survival[1]) == 0 and survival[2] == pytest.approx([0.05])
@@ -251,13 +251,13 @@ def test_a_draft_forward_that_widens_every_row_pays_for_the_width():
     # 8 rows: each token per row 1 s, of which 0.01 s per token at a fixed width; a draft forward 0.01 s
     costs = StepCostModel({8: {8: 1.0, 16: 2.0, 24: 3.0}}, {1: 0.01, 8: 0.01}, {8: 0.01})
     adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
-    adaptive.begin_step(8, 8)
+    adaptive.begin_step(8, 8, 4)
     adaptive.rate, adaptive.threshold = 8.0, 0.1
     # Each first draft: survival 0.5 (the prior rate), 0.4 over the threshold. Widening all 8 rows costs
     # 8 tokens/s x (1 - 8 x 0.01) s = 7.4 tokens, more than 8 x 0.4; one row alone is split off and pays its forward.
     assert sum(adaptive.keep_drafting(list(range(8)), [[]] * 8)) == 1
     assert adaptive.keep_drafting([0], [[0.95]]) == [True]  # still split: no width to pay for
-    adaptive.begin_step(8, 80)  # prompts set this step's width: drafting adds none
+    adaptive.begin_step(8, 80, 4)  # prompts set this step's width: drafting adds none
     adaptive.rate, adaptive.threshold = 8.0, 0.1
     assert adaptive.keep_drafting(list(range(8)), [[]] * 8) == [True] * 8
 
@@ -284,6 +284,27 @@ def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monk
     adaptive.keep_drafting([0], [[0.9]])  # at 11.0: a new step, nothing extended yet
     adaptive.observe_times([1], [0], 1.0)
     assert costs.draft_cost([2]) == pytest.approx(0.2 * 23 / 21)
+
+
+def test_under_a_closed_batch_cap_every_request_drafts_and_further_drafts_are_priced_on_the_critical_path():
+    # 4 rows: verification 1 s plus 0.1 s a token beyond one per row; a draft forward 0.3 s whatever its rows
+    costs = StepCostModel({4: {4: 1.0, 20: 2.6}}, {1: 0.3, 4: 0.3})
+    adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)  # rates: the 1/2 prior
+    adaptive.trims = False
+    adaptive.begin_step(4, 4, 2)
+    # One request's tokens per step at the cap, 1 + 1/2 + 1/4, over the modelled step: verifying 12 tokens (1.8 s)
+    # and 2 draft forwards (0.6 s). A verified token costs 0.1 s at that rate.
+    assert adaptive.rate == pytest.approx(1.75 / 2.4) and adaptive.threshold == pytest.approx(0.1 * 1.75 / 2.4)
+    ids = [0, 1, 2, 3]
+    assert adaptive.keep_drafting(ids, [[]] * 4) == [True] * 4  # the replays decided that the batch drafts
+    # Next survivals 0.95 x 1/2 (three rows) and 0.05 x 1/2: a forward is worth 0.3 x 0.729 = 0.219 tokens, and
+    # the three sure rows net 3 x (0.475 - 0.073) - 0.219 > 0; the unsure one is below the threshold.
+    unsure = [[0.95], [0.95], [0.95], [0.05]]
+    assert adaptive.keep_drafting(ids, unsure) == [True, True, True, False]
+    # Priced at the batch's rate (4 requests' tokens in the same step), the sure rows would net 3 x (0.475 - 0.292)
+    # - 0.875 < 0 and stop: the request the batch waits on would lose its drafts.
+    adaptive.rate, adaptive.threshold = 4 * adaptive.rate, 4 * adaptive.threshold
+    assert adaptive.keep_drafting(ids, unsure) == [False] * 4
 
 
 def test_under_a_closed_batch_cap_draft_extensions_are_timed_too(monkeypatch):
@@ -317,32 +338,32 @@ def test_steps_that_prefill_prompts_do_not_refine_the_verify_costs():
 def test_drafting_decisions_use_the_rate_last_seen_at_a_similar_batch_size():
     costs = StepCostModel({n: {n: 1.0, 9 * n: 1.0 + 0.1 * n} for n in (1, 2, 4, 8, 16, 32)}, {1: 0.1, 32: 0.2})
     adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
-    adaptive.begin_step(32, 32)
+    adaptive.begin_step(32, 32, 4)
     big = adaptive.allocate(list(range(32)), [[0.9, 0.9]] * 32, uncached=[1] * 32, draft_seconds=0.5)
-    adaptive.begin_step(1, 1)
+    adaptive.begin_step(1, 1, 4)
     small = adaptive.allocate([0], [[0.9, 0.9]], uncached=[1], draft_seconds=0.2)
     assert small.rate < big.rate / 4  # a lone request: far fewer tokens for a step of similar cost
-    adaptive.begin_step(40, 40)  # a batch of 32-63 again: back to the rate and threshold seen at 32
+    adaptive.begin_step(40, 40, 4)  # a batch of 32-63 again: back to the rate and threshold seen at 32
     assert (adaptive.rate, adaptive.threshold) == (big.rate, big.threshold)
-    adaptive.begin_step(200, 2000)  # no allocation at this size yet (a first step, prefilling): the nearest size's
+    adaptive.begin_step(200, 2000, 4)  # no allocation at this size yet (a first step, prefilling): the nearest size's
     assert (adaptive.rate, adaptive.threshold) == (big.rate, big.threshold)
 
 
 def test_drafting_never_prices_time_below_the_rate_of_a_step_without_drafts():
     costs = StepCostModel({n: {n: 1.0, 9 * n: 1.0 + 0.1 * n} for n in (1, 2, 4, 8, 16, 32)}, {1: 0.1, 32: 0.2})
     adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
-    adaptive.begin_step(32, 32)
+    adaptive.begin_step(32, 32, 4)
     # unsure drafts after a long drafting time: this allocation's rate is below the 32 tokens/s of plain decoding
     low = adaptive.allocate(list(range(32)), [[0.3]] * 32, uncached=[1] * 32, draft_seconds=2.0)
     assert low.rate < 32.0
-    adaptive.begin_step(32, 32)
+    adaptive.begin_step(32, 32, 4)
     assert adaptive.rate == pytest.approx(32.0)  # 32 rows in the 1 s a step without drafts costs
     assert adaptive.threshold == pytest.approx(low.threshold * 32.0 / low.rate)  # the same marginal cost, priced
     assert adaptive.keep_drafting(list(range(32)), [[]] * 32) == [False] * 32  # at that rate no draft pays
     # A step that prefills prompts records no rate: its prompts make it a one-off, not the rollout's pace.
-    adaptive.begin_step(32, 32 * 20)
+    adaptive.begin_step(32, 32 * 20, 4)
     adaptive.allocate(list(range(32)), [[0.9]] * 32, uncached=[20] * 32, draft_seconds=0.5)
-    adaptive.begin_step(32, 32)
+    adaptive.begin_step(32, 32, 4)
     assert adaptive.rate == pytest.approx(32.0)
 
 

@@ -176,23 +176,27 @@ def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(
     assert caps == [3, 3, 3]
 
 
-def test_under_its_cap_a_closed_batch_offers_every_request_the_cap_untrimmed(target, draft):
+def test_under_its_cap_a_closed_batch_drafts_for_every_request_and_as_deep_as_the_critical_path_pays(target, draft):
     prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9]]
     plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(prompts, 1, GREEDY, use_tqdm=False)
-    generator = _adaptive(target, draft, draft_seconds=10.0)  # per step, a draft forward would never pay
-    open_batch = generator.generate(prompts + prompts[:2], 1, GREEDY, use_tqdm=False)  # 5 > max_num_seqs: not closed
-    assert open_batch.stats["draft_cap"] == 3  # no cap: the per-step policy trims, from its second step on
-    assert all(0 in s.acceptance["k_per_step"][1:-1] for s in open_batch.samples)
-    _observe(generator.adaptive.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
-             k_limit=3)  # size 3: K = 2
-    batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
-    assert batch.stats["draft_cap"] == 2 and batch.metrics["spec/draft_cap"] == 2.0
-    for sample in batch.samples:  # at every step, 2 drafts or as many as the request had room for (max_tokens)
-        before = 0
-        for offered, accepted in zip(sample.acceptance["k_per_step"], sample.acceptance["num_accepted_per_step"]):
-            assert offered == min(2, GREEDY.max_tokens - before - 1)
-            before += accepted + 1
-    assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
+    for draft_seconds, depth in ((10.0, 1), (0.0001, 2)):
+        # dear draft forwards: per step none would pay, and under the cap every request still gets a first draft
+        # but no second; nearly free ones: every request gets the cap
+        generator = _adaptive(target, draft, draft_seconds=draft_seconds)
+        if depth == 1:
+            open_batch = generator.generate(prompts + prompts[:2], 1, GREEDY, use_tqdm=False)  # 5 > 4: not closed
+            assert open_batch.stats["draft_cap"] == 3  # no cap: the per-step policy trims, from its second step on
+            assert all(0 in s.acceptance["k_per_step"][1:-1] for s in open_batch.samples)
+        _observe(generator.adaptive.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3),
+                 records=TWO_IN_THREE[:3], k_limit=3)  # size 3: K = 2
+        batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
+        assert batch.stats["draft_cap"] == 2 and batch.metrics["spec/draft_cap"] == 2.0
+        for sample in batch.samples:  # at every step, `depth` drafts or as many as the request had room for
+            before = 0
+            for offered, accepted in zip(sample.acceptance["k_per_step"], sample.acceptance["num_accepted_per_step"]):
+                assert offered == min(depth, GREEDY.max_tokens - before - 1)
+                before += accepted + 1
+        assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
 
 
 def test_a_batch_larger_than_max_num_seqs_is_not_a_closed_batch(target, draft):
