@@ -46,6 +46,7 @@ first forward over the tokens verified last step) is not mistaken for a per-forw
 """
 
 import itertools
+import operator
 import time
 
 import numpy as np
@@ -54,6 +55,7 @@ from spec.budget import Budget, choose_budget
 from spec.calibration import ConfidenceCalibrator
 from spec.closed_batch import ClosedBatchSchedule
 from spec.step_cost import StepCostModel, is_split
+from spec.tuning import step_seconds
 
 CONFIDENCE_FALLBACKS = ("acceptance_rate",)
 _REQUEST_PRIOR = 2.0  # a request's acceptance factor starts as if 2 drafts had been accepted as predicted
@@ -131,7 +133,7 @@ class AdaptiveVerifier:
         self._shape = self.costs.verify_shape(num_reqs)
         self._is_decoding, self._num_drafting = num_uncached == num_reqs, 0
         if not self.trims:
-            self._price_critical_path(num_reqs, num_uncached, k_max)
+            self._price_critical_path(num_reqs, k_max)
             return
         bucket = self._batch_size_bucket = num_reqs.bit_length()
         near = min(self._by_batch_size, key=lambda b: (abs(b - bucket), -b), default=None)
@@ -141,20 +143,17 @@ class AdaptiveVerifier:
             rate, threshold = plain, threshold * plain / rate
         self.rate, self.threshold = rate, threshold
 
-    def _price_critical_path(self, num_reqs: int, num_uncached: int, k_max: int) -> None:
+    def _price_critical_path(self, num_reqs: int, k_max: int) -> None:
         """A closed batch is done when its slowest request is, and any request may be that one: a draft is worth its
         request's expected tokens, each worth the time one of that request's tokens takes, the step's time over the
         tokens a request emits per step (not over the batch's, which would price time num_reqs times dearer). So
         under the cap the rate is one request's: at k_max drafts, 1 + the sum of the positions' survivals (the
-        calibrator's acceptance rates multiplied) over the modelled step. A draft that does not pay at that rate
-        does not pay for any request; one that does is not cut, so the requests the batch waits on keep theirs."""
-        survival = tokens = 1.0
-        for position in range(k_max):
-            survival *= self.calibrator.acceptance_rate(position)
-            tokens += survival
-        seconds = self.costs.verify_cost(num_reqs, num_uncached + num_reqs * k_max) + \
-            k_max * self.costs.draft_cost([num_reqs])
-        self.rate = tokens / seconds
+        calibrator's acceptance rates multiplied) over a decoding step as spec/tuning.py models it (a step that
+        prefills prompts is a one-off, as in begin_step). A draft that does not pay at that rate does not pay for
+        any request; one that does is not cut, so the requests the batch waits on keep theirs."""
+        rates = (self.calibrator.acceptance_rate(position) for position in range(k_max))
+        tokens = 1.0 + sum(itertools.accumulate(rates, operator.mul))
+        self.rate = tokens / step_seconds(self.costs, num_reqs, k_max)
         self.threshold = self.rate * self._shape.per_token
 
     def keep_drafting(self, req_ids: list[int], confidences: list[list[float]]) -> list[bool]:

@@ -24,9 +24,12 @@ def predicted_speedup(acceptance: list[float], costs: StepCostModel, batch_size:
     """speedup(B, K) above; acceptance[j] = r_j (K may not exceed len(acceptance))."""
     if k > len(acceptance):
         raise ValueError(f"k={k}: acceptance was measured for {len(acceptance)} positions only")
-    expected_tokens = 1.0 + sum(acceptance[:k])
-    step = costs.draft_cost([batch_size] * k) + costs.verify_cost(batch_size, batch_size * (k + 1))
-    return expected_tokens * costs.verify_cost(batch_size, batch_size) / step
+    return (1.0 + sum(acceptance[:k])) * costs.verify_cost(batch_size, batch_size) / step_seconds(costs, batch_size, k)
+
+
+def step_seconds(costs: StepCostModel, batch_size: int, k: int) -> float:
+    """A decoding step with K drafts per row: K draft forwards of B rows and one verification of B (K + 1) tokens."""
+    return costs.draft_cost([batch_size] * k) + costs.verify_cost(batch_size, batch_size * (k + 1))
 
 
 def best_k(acceptance: list[float], costs: StepCostModel, batch_size: int, min_gain: float) -> tuple[int, float]:

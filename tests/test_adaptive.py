@@ -295,6 +295,8 @@ def test_under_a_closed_batch_cap_every_request_drafts_and_further_drafts_are_pr
     # One request's tokens per step at the cap, 1 + 1/2 + 1/4, over the modelled step: verifying 12 tokens (1.8 s)
     # and 2 draft forwards (0.6 s). A verified token costs 0.1 s at that rate.
     assert adaptive.rate == pytest.approx(1.75 / 2.4) and adaptive.threshold == pytest.approx(0.1 * 1.75 / 2.4)
+    adaptive.begin_step(4, 40, 2)  # a step that prefills prompts is priced at the decoding step's rate
+    assert adaptive.rate == pytest.approx(1.75 / 2.4)
     ids = [0, 1, 2, 3]
     assert adaptive.keep_drafting(ids, [[]] * 4) == [True] * 4  # the replays decided that the batch drafts
     # Next survivals 0.95 x 1/2 (three rows) and 0.05 x 1/2: a forward is worth 0.3 x 0.729 = 0.219 tokens, and
