@@ -32,8 +32,8 @@ over the size's last batches (the last NUM_BATCHES, or more where those hold few
 drafting (more verification) is not taken for a gain the replays do not resolve (on the default workload, a smaller K
 replayed within 2% of the fastest in 11 of 16 windows at 32-256 requests). Not so for whether to draft: an undrafted
 batch is not replayed, so a verdict for K = 0 stands until its recheck, where one for drafting keeps being replayed
-(with the margin on it too, most closed batches of 64 on the default workload went undrafted in a
-benchmark run, 12% behind the schedule's K = 4, paired).
+(with the margin on it too, most closed batches of 64 on the default workload went undrafted in a benchmark run, 12%
+behind the schedule's K = 4, paired).
 The replays take each batch's own steps at the K it ran and find, from its trace, the steps and verified tokens of
 the others within 2% (default and mixed workloads, 16 and 64 requests, from batches run at K = 4 and 8), but for K =
 8 from K = 4 at 16 requests on the default workload (6% too many steps); an earlier replay that resampled whole
@@ -119,13 +119,13 @@ class ClosedBatchSchedule:
         self._since_drafted[size] = 0
         replays = self._replays.setdefault(size, deque())
         paid = not replays or drafting_wins(replays)
-        full = len(replays) >= NUM_BATCHES and sum(n for n, _ in replays) >= REPLAY_REQUESTS
-        if paid and full and self._replay_seconds.get(size, 0.0) > REPLAY_SHARE * self._batch_seconds[size]:
+        if paid and _is_full(replays) and \
+                self._replay_seconds.get(size, 0.0) > REPLAY_SHARE * self._batch_seconds[size]:
             return  # the replays have had their share of the size's time
         start = time.perf_counter()
         replays.append((len(lengths), replayed_seconds(lengths, max_lengths, trace, k_limit, timing, costs)))
         self._replay_seconds[size] = self._replay_seconds.get(size, 0.0) + time.perf_counter() - start
-        while len(replays) > NUM_BATCHES and sum(n for n, _ in replays) - replays[0][0] >= REPLAY_REQUESTS:
+        while _is_full(list(replays)[1:]):  # the oldest batch is not needed to keep the window full
             replays.popleft()
         if drafting_wins(replays):
             self._recheck.pop(size, None)
@@ -145,6 +145,11 @@ def best_k(replays) -> int:
     MIN_GAIN."""
     totals = _totals(replays)
     return smallest_k_within({k: 1.0 / totals[k] for k in range(1, len(totals))})
+
+
+def _is_full(replays) -> bool:
+    """Whether a size's window holds enough batches and requests (NUM_BATCHES, REPLAY_REQUESTS)."""
+    return len(replays) >= NUM_BATCHES and sum(n for n, _ in replays) >= REPLAY_REQUESTS
 
 
 def _totals(replays) -> list[float]:
