@@ -2,7 +2,7 @@
 verification, and schedule + adaptive verification, side by side, on two workloads.
 
     python examples/bench_speculation.py [--batch-sizes 1,2,4,...,256] [--repeats 24] [--min-repeats 10]
-        [--output-dir DIR]
+        [--confirm-repeats 32] [--output-dir DIR]
 
 Workloads: `default` (the default task's arithmetic prompts, which the draft predicts well) and `mixed` (half of
 them, half strings of digits and signs that are not questions, on which the draft's acceptance is ~4x lower), so
@@ -19,10 +19,15 @@ and start afresh for each workload, as a new training run does; every arm runs o
 step, and adaptive verification's closed-batch decisions (spec/closed_batch.py) use a batch size's last 3 batches
 there, more where those hold fewer than 64 requests (the warm-up batches' tokens/s are reported too). HF
 `model.generate` on the same target is one more arm on the default workload. Also reported: verified tokens per
-emitted token per arm, the adaptive arms over the best other arm both as measured and with that arm chosen on the
-other half of the repeats (`held_out_ratio`: the best of several noisy arms is biased up), the same ratios paired
-repeat by repeat (`paired_ratio`: robust to a slow spell of the machine), and the speedup the measured step costs
-predict for each static K (spec/tuning.py).
+emitted token per arm, the adaptive arms over the schedule paired repeat by repeat (`paired_ratio`: robust to a slow
+spell of the machine), and the speedup the measured step costs predict for each static K (spec/tuning.py).
+
+The targets' comparison, the adaptive arms over the best other arm, is then measured again at each batch size on
+`--confirm-repeats` fresh repeats of just those three arms (`confirm`): the best of several noisy arms is biased up
+(and the least of several paired ratios down), so the arm is chosen on the first stage's repeats and measured on
+others; and three arms get ~2.7x the repeats that eight would in the same time. This machine's timing noise needs
+them: two arms doing the same work read 0.81-0.92 to 1.11-1.16 of each other (10th to 90th percentile of a repeat's
+ratio, 4 runs of 24 repeats) at 128 requests, 0.94-1.05 at 8.
 Writes bench_speculation.json and bench_speculation.png (default folder: examples/results).
 """
 
@@ -44,7 +49,9 @@ from spec.tuning import predicted_speedup
 
 STATIC_KS = (1, 2, 4, 8)
 MAX_K = max(STATIC_KS)
-OWN_ARMS = ("schedule", "adaptive", "schedule_adaptive")
+ADAPTIVE_ARMS = ("adaptive", "schedule_adaptive")
+OWN_ARMS = ("schedule", *ADAPTIVE_ARMS)
+INTERVAL = 0.90  # of the confirmed paired ratios (bootstrap)
 
 
 def arms() -> dict[str, dict | None]:
@@ -71,33 +78,43 @@ def load(name: str):
 
 
 def run_workload(workload: str, runners: dict, batch_sizes, repeats: int, min_repeats: int,
-                 max_tokens: int, warmup: int) -> tuple[dict, dict]:
-    """Per batch size and arm: tokens/s over all repeats, mean verified tokens per emitted token, acceptance
-    counts; and per batch size, each arm's tokens/s over its untimed warm-up batches there. Each repeat rolls out its
-    own prompts and seed (the same for every arm): how soon a small batch drains depends on the completions drawn,
-    so one prompt set would measure its own luck."""
+                 max_tokens: int, warmup: int, confirm_repeats: int) -> dict:
+    """Per batch size: per arm, tokens/s over all repeats, mean verified tokens per emitted token, acceptance counts
+    (`arms`); each arm's tokens/s over its untimed warm-up batches there (`warmup_tokens_per_s`); and the adaptive
+    arms over the best other arm on fresh repeats (`confirmed`). Each repeat rolls out its own prompts and seed (the
+    same for every arm): how soon a small batch drains depends on the completions drawn, so one prompt set would
+    measure its own luck."""
     make_prompts = WORKLOADS[workload]
     for runner in runners.values():  # untimed: warm caches, and let adaptive arms calibrate once
         runner(make_prompts(16, seed=10_000), SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0))
-    results, warmups = {}, {}
+    results = {}
     for batch_size in batch_sizes:
-        names = list(runners)
-        warm = {name: [] for name in names}
-        for repeat in range(warmup):
-            prompts = make_prompts(batch_size, seed=20_000 + 1000 * batch_size + repeat)
-            for name in names:
-                warm[name].append(runners[name](prompts, SamplingParams(temperature=1.0, max_tokens=max_tokens,
-                                                                        seed=10_000 + repeat)))
-        warmups[batch_size] = {name: _summarise(stats)["tokens_per_s"] for name, stats in warm.items() if stats}
-        runs = {name: [] for name in names}
-        for repeat in range(max(min_repeats, repeats_at(batch_size, repeats))):
-            prompts = make_prompts(batch_size, seed=1000 * batch_size + repeat)
-            params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=repeat)
-            for name in names[repeat % len(names):] + names[:repeat % len(names)]:
-                runs[name].append(runners[name](prompts, params))
-        results[batch_size] = {name: _summarise(stats) for name, stats in runs.items()}
-        print(f"[{workload}] {_row(batch_size, results[batch_size])}", flush=True)
-    return results, warmups
+        warm = _interleaved(runners, list(runners), make_prompts, batch_size, warmup, max_tokens, seed=20_000)
+        runs = _interleaved(runners, list(runners), make_prompts, batch_size,
+                            max(min_repeats, repeats_at(batch_size, repeats)), max_tokens, seed=0)
+        arms_result = {name: _summarise(stats) for name, stats in runs.items()}
+        best = best_other_arm(arms_result)
+        confirmation = _interleaved(runners, [*ADAPTIVE_ARMS, best], make_prompts, batch_size, confirm_repeats,
+                                    max_tokens, seed=500_000)
+        results[batch_size] = {
+            "arms": arms_result,
+            "warmup_tokens_per_s": {name: _summarise(stats)["tokens_per_s"] for name, stats in warm.items() if stats},
+            "confirmed": confirm({name: _summarise(stats) for name, stats in confirmation.items()}, best)}
+        print(f"[{workload}] {_row(batch_size, arms_result)}", flush=True)
+    return results
+
+
+def _interleaved(runners: dict, names: list[str], make_prompts, batch_size: int, repeats: int, max_tokens: int,
+                 seed: int) -> dict[str, list[dict]]:
+    """Each arm's stats over `repeats` repeats, the arm order rotating every repeat; repeat r rolls out the prompts
+    of seed + 1000 x batch_size + r at sampling seed + r, the same for every arm."""
+    runs = {name: [] for name in names}
+    for repeat in range(repeats):
+        prompts = make_prompts(batch_size, seed=seed + 1000 * batch_size + repeat)
+        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed + repeat)
+        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            runs[name].append(runners[name](prompts, params))
+    return runs
 
 
 def _engine_arm(generator: RolloutGenerator):
@@ -144,22 +161,24 @@ def pooled_acceptance(results: dict, arm: str) -> list[float]:
     return [a / d for a, d in zip(accepted, drafted) if d]
 
 
-def verdicts(arms_result: dict) -> dict:
-    """The issue's targets at one batch size: ratios of the adaptive arms to the best other arm and the schedule."""
+def best_other_arm(arms_result: dict) -> str:
+    """The fastest arm other than the adaptive ones and HF generate (tokens/s over all repeats)."""
+    others = [name for name in arms_result if name not in (*ADAPTIVE_ARMS, "hf_generate")]
+    return max(others, key=lambda name: arms_result[name]["tokens_per_s"])
+
+
+def verdicts(arms_result: dict, confirmed: dict) -> dict:
+    """The issue's targets at one batch size: the adaptive arms over the best other arm (as the first stage measured
+    it, and confirmed on fresh repeats) and over the schedule; verified tokens per emitted token per arm."""
     tps = {name: r["tokens_per_s"] for name, r in arms_result.items() if name != "hf_generate"}
     best_static = max((n for n in tps if n.startswith("K=")), key=tps.get)
-    others = {n: t for n, t in tps.items() if n not in ("adaptive", "schedule_adaptive")}
-    best_other = max(others, key=others.get)
+    best_other = best_other_arm(arms_result)
     verified = {n: r.get("verified_tokens_per_emitted_token") for n, r in arms_result.items()}
     return {"best_static_k": best_static, "best_other_arm": best_other,
-            **{f"{arm}_over_best_other": tps[arm] / others[best_other] for arm in ("adaptive", "schedule_adaptive")},
-            **{f"{arm}_over_best_other_held_out": held_out_ratio(arms_result, arm, list(others))
-               for arm in ("adaptive", "schedule_adaptive")},
-            **{f"{arm}_over_schedule": tps[arm] / tps["schedule"] for arm in ("adaptive", "schedule_adaptive")},
-            "paired": {**{f"{arm}_over_best_other": min(paired_ratio(arms_result, arm, o) for o in others)
-                          for arm in ("adaptive", "schedule_adaptive")},
-                       **{f"{arm}_over_schedule": paired_ratio(arms_result, arm, "schedule")
-                          for arm in ("adaptive", "schedule_adaptive")}},
+            **{f"{arm}_over_best_other": tps[arm] / tps[best_other] for arm in ADAPTIVE_ARMS},
+            **{f"{arm}_over_best_other_confirmed": confirmed[arm]["paired_ratio"] for arm in ADAPTIVE_ARMS},
+            **{f"{arm}_over_schedule": tps[arm] / tps["schedule"] for arm in ADAPTIVE_ARMS},
+            **{f"{arm}_over_schedule_paired": paired_ratio(arms_result, arm, "schedule") for arm in ADAPTIVE_ARMS},
             "best_static_over_no_spec": tps[best_static] / tps["no_spec"],
             "verified_per_emitted": {n: v for n, v in verified.items() if v is not None}}
 
@@ -169,25 +188,27 @@ def paired_ratio(arms_result: dict, arm: str, other: str) -> float:
     completions, so each repeat is a paired comparison made seconds apart; a slow spell of the machine that spans
     both runs cancels, and one that hits one of them is an outlier that the median ignores. On a noisy 2-core VM, the
     schedule and K = 8 (identical work up to 22 requests) came out 0.86-1.03 of each other as total tokens over total
-    time, and 0.97-1.02 as this median (24 repeats each, the per-repeat ratios spanning 0.54-2.05). Over the other
-    arms, the ratio reported is the least of the paired ones: against the best other arm, as each pair sees it."""
-    pairs = zip(arms_result[arm]["repeats"], arms_result[other]["repeats"])
-    return statistics.median((tokens / seconds) / (other_tokens / other_seconds)
-                             for (tokens, seconds), (other_tokens, other_seconds) in pairs)
+    time, and 0.97-1.02 as this median (24 repeats each, the per-repeat ratios spanning 0.54-2.05)."""
+    return statistics.median(_repeat_ratios(arms_result[arm], arms_result[other]))
 
 
-def held_out_ratio(arms_result: dict, arm: str, others: list[str]) -> float:
-    """arm's tokens/s over the best of `others`, with the best chosen on the other half of the repeats: the best of
-    several arms measured on the same repeats is as lucky as the luckiest of them (the maximum of noisy estimates
-    is biased up, by about one standard deviation where a few arms are close), so each half of the repeats (even,
-    odd) picks the best arm and the other half measures the ratio; the two ratios' geometric mean."""
-    halves = [[r[parity::2] for r in (arms_result[name]["repeats"] for name in [arm, *others])] for parity in (0, 1)]
-    speeds = [[sum(t for t, _ in runs) / sum(s for _, s in runs) for runs in half] for half in halves]
-    ratios = []
-    for pick, measure in ((speeds[0], speeds[1]), (speeds[1], speeds[0])):
-        best = max(range(1, len(pick)), key=pick.__getitem__)
-        ratios.append(measure[0] / measure[best])
-    return (ratios[0] * ratios[1]) ** 0.5
+def _repeat_ratios(arm: dict, other: dict) -> list[float]:
+    return [(tokens / seconds) / (other_tokens / other_seconds)
+            for (tokens, seconds), (other_tokens, other_seconds) in zip(arm["repeats"], other["repeats"])]
+
+
+def confirm(arms_result: dict, best_other: str) -> dict:
+    """Per adaptive arm, over best_other on the confirmation repeats: the paired ratio, its INTERVAL bootstrap
+    interval (the repeats resampled 2000 times, fixed seed), and tokens/s over all repeats of both."""
+    rng = random.Random(0)
+    confirmed = {"best_other_arm": best_other, "repeats": len(arms_result[best_other]["repeats"])}
+    for arm in ADAPTIVE_ARMS:
+        ratios = _repeat_ratios(arms_result[arm], arms_result[best_other])
+        medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+        tail = round((1 - INTERVAL) / 2 * len(medians))
+        confirmed[arm] = {"paired_ratio": statistics.median(ratios), "interval": [medians[tail], medians[-1 - tail]],
+                          "total_ratio": arms_result[arm]["tokens_per_s"] / arms_result[best_other]["tokens_per_s"]}
+    return confirmed
 
 
 def _row(batch_size: int, arms_result: dict) -> str:
@@ -237,6 +258,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=NUM_BATCHES,
                         help="untimed batches per arm at each batch size before the timed ones")
+    parser.add_argument("--confirm-repeats", type=int, default=32,
+                        help="fresh repeats of the adaptive arms and the best other arm at each batch size")
     parser.add_argument("--output-dir", default="examples/results")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's); 1 keeps a shared machine's other jobs from stalling "
@@ -258,13 +281,12 @@ def main() -> None:
         runners = {name: _engine_arm(g) for name, g in generators.items()}
         if workload == "default":
             runners["hf_generate"] = _hf_arm(target, tokenizer)
-        by_batch, warmups = run_workload(workload, runners, batch_sizes, args.repeats, args.min_repeats,
-                                         args.max_tokens, args.warmup)
-        acceptance = pooled_acceptance(by_batch, f"K={MAX_K}")
-        results[workload] = {b: {"arms": by_batch[b], "verdicts": verdicts(by_batch[b]),
-                                 "warmup_tokens_per_s": warmups[b],
+        by_batch = run_workload(workload, runners, batch_sizes, args.repeats, args.min_repeats, args.max_tokens,
+                                args.warmup, args.confirm_repeats)
+        acceptance = pooled_acceptance({b: r["arms"] for b, r in by_batch.items()}, f"K={MAX_K}")
+        results[workload] = {b: {**r, "verdicts": verdicts(r["arms"], r["confirmed"]),
                                  "predicted_speedup": {f"K={k}": predicted_speedup(acceptance, costs, b, k)
-                                                       for k in STATIC_KS}} for b in batch_sizes}
+                                                       for k in STATIC_KS}} for b, r in by_batch.items()}
         results[workload]["acceptance_rate_per_position"] = acceptance
         results[workload]["step_costs"] = costs.to_dict()  # as refined by the workload's run
     out = Path(args.output_dir)
@@ -276,14 +298,12 @@ def main() -> None:
          out / "bench_speculation.png")
     for workload, by_batch in results.items():
         for b in batch_sizes:
-            v = by_batch[b]["verdicts"]
-            print(f"[{workload}] B={b:3d} best other {v['best_other_arm']:>9}  adaptive/best other "
-                  f"{v['adaptive_over_best_other']:.2f} (held out {v['adaptive_over_best_other_held_out']:.2f})  "
-                  f"schedule+adaptive/best other {v['schedule_adaptive_over_best_other']:.2f} (held out "
-                  f"{v['schedule_adaptive_over_best_other_held_out']:.2f})  schedule+adaptive/schedule "
-                  f"{v['schedule_adaptive_over_schedule']:.2f}  paired: adaptive/best other "
-                  f"{v['paired']['adaptive_over_best_other']:.2f}  schedule+adaptive/best other "
-                  f"{v['paired']['schedule_adaptive_over_best_other']:.2f}")
+            v, c = by_batch[b]["verdicts"], by_batch[b]["confirmed"]
+            confirmed = "  ".join(f"{arm} {c[arm]['paired_ratio']:.3f} [{c[arm]['interval'][0]:.3f}, "
+                                  f"{c[arm]['interval'][1]:.3f}]" for arm in ADAPTIVE_ARMS)
+            print(f"[{workload}] B={b:3d} best other {v['best_other_arm']:>9}  over it, confirmed on {c['repeats']} "
+                  f"repeats (paired, {INTERVAL:.0%} interval): {confirmed}  schedule+adaptive/schedule paired "
+                  f"{v['schedule_adaptive_over_schedule_paired']:.2f}")
     print(f"wrote {out / 'bench_speculation.json'} and {out / 'bench_speculation.png'}")
 
 
