@@ -23,9 +23,10 @@ emitted token per arm, the adaptive arms over the schedule paired repeat by repe
 spell of the machine), and the speedup the measured step costs predict for each static K (spec/tuning.py).
 
 The targets' comparison, the adaptive arms over the best other arm, is then measured again at each batch size on
-`--confirm-repeats` fresh repeats of just those three arms (`confirm`): the best of several noisy arms is biased up
-(and the least of several paired ratios down), so the arm is chosen on the first stage's repeats and measured on
-others; and three arms get ~2.7x the repeats that eight would in the same time. This machine's timing noise needs
+`--confirm-repeats` fresh repeats of just those three arms (`confirm`), going round the batch sizes so that each
+size's repeats span the whole stage: the best of several noisy arms is biased up (and the least of several paired
+ratios down), so the arm is chosen on the first stage's repeats and measured on others; and three arms get ~2.7x the
+repeats that eight would in the same time. This machine's timing noise needs
 them: two arms doing the same work read 0.81-0.92 to 1.11-1.16 of each other (10th to 90th percentile of a repeat's
 ratio, 4 runs of 24 repeats) at 128 requests, 0.94-1.05 at 8.
 Writes bench_speculation.json and bench_speculation.png (default folder: examples/results).
@@ -83,38 +84,43 @@ def run_workload(workload: str, runners: dict, batch_sizes, repeats: int, min_re
     (`arms`); each arm's tokens/s over its untimed warm-up batches there (`warmup_tokens_per_s`); and the adaptive
     arms over the best other arm on fresh repeats (`confirmed`). Each repeat rolls out its own prompts and seed (the
     same for every arm): how soon a small batch drains depends on the completions drawn, so one prompt set would
-    measure its own luck."""
+    measure its own luck. The confirmation's repeats go round the batch sizes, so that each size's span the stage (a
+    few minutes of this machine's state would move a size's ratio by more than the target's 3%)."""
     make_prompts = WORKLOADS[workload]
     for runner in runners.values():  # untimed: warm caches, and let adaptive arms calibrate once
         runner(make_prompts(16, seed=10_000), SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0))
     results = {}
     for batch_size in batch_sizes:
-        warm = _interleaved(runners, list(runners), make_prompts, batch_size, warmup, max_tokens, seed=20_000)
-        runs = _interleaved(runners, list(runners), make_prompts, batch_size,
-                            max(min_repeats, repeats_at(batch_size, repeats)), max_tokens, seed=0)
-        arms_result = {name: _summarise(stats) for name, stats in runs.items()}
-        best = best_other_arm(arms_result)
-        confirmation = _interleaved(runners, [*ADAPTIVE_ARMS, best], make_prompts, batch_size, confirm_repeats,
-                                    max_tokens, seed=500_000)
+        warm = {name: [] for name in runners}
+        for repeat in range(warmup):
+            _run_repeat(runners, warm, make_prompts, batch_size, repeat, max_tokens, seed=20_000)
+        runs = {name: [] for name in runners}
+        for repeat in range(max(min_repeats, repeats_at(batch_size, repeats))):
+            _run_repeat(runners, runs, make_prompts, batch_size, repeat, max_tokens, seed=0)
         results[batch_size] = {
-            "arms": arms_result,
-            "warmup_tokens_per_s": {name: _summarise(stats)["tokens_per_s"] for name, stats in warm.items() if stats},
-            "confirmed": confirm({name: _summarise(stats) for name, stats in confirmation.items()}, best)}
-        print(f"[{workload}] {_row(batch_size, arms_result)}", flush=True)
+            "arms": {name: _summarise(stats) for name, stats in runs.items()},
+            "warmup_tokens_per_s": {name: _summarise(stats)["tokens_per_s"] for name, stats in warm.items() if stats}}
+        print(f"[{workload}] {_row(batch_size, results[batch_size]['arms'])}", flush=True)
+    best = {batch_size: best_other_arm(results[batch_size]["arms"]) for batch_size in batch_sizes}
+    confirmation = {batch_size: {name: [] for name in [*ADAPTIVE_ARMS, best[batch_size]]} for batch_size in batch_sizes}
+    for repeat in range(confirm_repeats):
+        for batch_size in batch_sizes:
+            _run_repeat(runners, confirmation[batch_size], make_prompts, batch_size, repeat, max_tokens, seed=500_000)
+    for batch_size in batch_sizes:
+        results[batch_size]["confirmed"] = confirm(
+            {name: _summarise(stats) for name, stats in confirmation[batch_size].items()}, best[batch_size])
     return results
 
 
-def _interleaved(runners: dict, names: list[str], make_prompts, batch_size: int, repeats: int, max_tokens: int,
-                 seed: int) -> dict[str, list[dict]]:
-    """Each arm's stats over `repeats` repeats, the arm order rotating every repeat; repeat r rolls out the prompts
-    of seed + 1000 x batch_size + r at sampling seed + r, the same for every arm."""
-    runs = {name: [] for name in names}
-    for repeat in range(repeats):
-        prompts = make_prompts(batch_size, seed=seed + 1000 * batch_size + repeat)
-        params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed + repeat)
-        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
-            runs[name].append(runners[name](prompts, params))
-    return runs
+def _run_repeat(runners: dict, runs: dict[str, list[dict]], make_prompts, batch_size: int, repeat: int,
+                max_tokens: int, seed: int) -> None:
+    """One repeat of the arms in `runs` (appending each one's stats there), their order rotated by the repeat: the
+    prompts of seed + 1000 x batch_size + repeat at sampling seed + repeat, the same for every arm."""
+    prompts = make_prompts(batch_size, seed=seed + 1000 * batch_size + repeat)
+    params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed + repeat)
+    names = list(runs)
+    for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+        runs[name].append(runners[name](prompts, params))
 
 
 def _engine_arm(generator: RolloutGenerator):
