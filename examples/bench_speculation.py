@@ -26,9 +26,10 @@ The targets' comparison, the adaptive arms over the best other arm, is then meas
 `--confirm-repeats` fresh repeats of just those three arms (`confirm`), going round the batch sizes so that each
 size's repeats span the whole stage: the best of several noisy arms is biased up (and the least of several paired
 ratios down), so the arm is chosen on the first stage's repeats and measured on others; and three arms get ~2.7x the
-repeats that eight would in the same time. This machine's timing noise needs
-them: two arms doing the same work read 0.81-0.92 to 1.11-1.16 of each other (10th to 90th percentile of a repeat's
-ratio, 4 runs of 24 repeats) at 128 requests, 0.94-1.05 at 8.
+repeats that eight would in the same time. This machine's timing noise needs them: two arms doing the same work read
+0.81-0.92 to 1.11-1.16 of each other (10th to 90th percentile of a repeat's ratio, 4 runs of 24 repeats) at 128
+requests, 0.94-1.05 at 8; and two runs at batch 8 alone, their confirmations a minute each, read adaptive verification
+1.019 (90% interval 0.973-1.086) of K = 4 and 0.954 (0.902-0.984) of K = 8.
 Writes bench_speculation.json and bench_speculation.png (default folder: examples/results).
 """
 
@@ -84,8 +85,8 @@ def run_workload(workload: str, runners: dict, batch_sizes, repeats: int, min_re
     (`arms`); each arm's tokens/s over its untimed warm-up batches there (`warmup_tokens_per_s`); and the adaptive
     arms over the best other arm on fresh repeats (`confirmed`). Each repeat rolls out its own prompts and seed (the
     same for every arm): how soon a small batch drains depends on the completions drawn, so one prompt set would
-    measure its own luck. The confirmation's repeats go round the batch sizes, so that each size's span the stage (a
-    few minutes of this machine's state would move a size's ratio by more than the target's 3%)."""
+    measure its own luck. The confirmation's repeats go round the batch sizes, so that each size's repeats span the
+    stage: this machine's state moves a paired ratio by more than the target's 3% from one minute to another."""
     make_prompts = WORKLOADS[workload]
     for runner in runners.values():  # untimed: warm caches, and let adaptive arms calibrate once
         runner(make_prompts(16, seed=10_000), SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0))
