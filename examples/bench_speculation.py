@@ -23,8 +23,9 @@ emitted token per arm, the adaptive arms over the schedule paired repeat by repe
 spell of the machine), and the speedup the measured step costs predict for each static K (spec/tuning.py).
 
 The targets' comparison, the adaptive arms over the best other arm, is then measured again at each batch size on
-`--confirm-repeats` fresh repeats of just those three arms (`confirm`), going round the batch sizes so that each
-size's repeats span the whole stage: the best of several noisy arms is biased up (and the least of several paired
+`--confirm-repeats` fresh repeats of just those three arms (`confirm`; 4x that up to 16 requests and 2x at 32, where
+a repeat is cheap: `confirm_repeats_at`), going round the batch sizes so that each size's repeats span the whole
+stage: the best of several noisy arms is biased up (and the least of several paired
 ratios down), so the arm is chosen on the first stage's repeats and measured on others; and three arms get ~2.7x the
 repeats that eight would in the same time. This machine's timing noise needs them: two arms doing the same work read
 0.81-0.92 to 1.11-1.16 of each other (10th to 90th percentile of a repeat's ratio, 4 runs of 24 repeats) at 128
@@ -104,13 +105,26 @@ def run_workload(workload: str, runners: dict, batch_sizes, repeats: int, min_re
         print(f"[{workload}] {_row(batch_size, results[batch_size]['arms'])}", flush=True)
     best = {batch_size: best_other_arm(results[batch_size]["arms"]) for batch_size in batch_sizes}
     confirmation = {batch_size: {name: [] for name in [*ADAPTIVE_ARMS, best[batch_size]]} for batch_size in batch_sizes}
-    for repeat in range(confirm_repeats):
-        for batch_size in batch_sizes:
-            _run_repeat(runners, confirmation[batch_size], make_prompts, batch_size, repeat, max_tokens, seed=500_000)
+    counts = {batch_size: confirm_repeats_at(batch_size, confirm_repeats) for batch_size in batch_sizes}
+    num_rounds = max(counts.values())
+    for round_ in range(num_rounds):
+        for batch_size, count in counts.items():  # each size's repeats spread evenly over the rounds
+            if (round_ + 1) * count // num_rounds > round_ * count // num_rounds:
+                repeat = len(confirmation[batch_size][best[batch_size]])
+                _run_repeat(runners, confirmation[batch_size], make_prompts, batch_size, repeat, max_tokens,
+                            seed=500_000)
     for batch_size in batch_sizes:
         results[batch_size]["confirmed"] = confirm(
             {name: _summarise(stats) for name, stats in confirmation[batch_size].items()}, best[batch_size])
     return results
+
+
+def confirm_repeats_at(batch_size: int, repeats: int) -> int:
+    """Confirmation repeats at a batch size: 4x `repeats` up to 16 requests, 2x at 32, `repeats` from 64 on. A small
+    batch's repeat takes a fraction of a second, and its noise is the machine's, nearly independent from one run to
+    the next (identical batches of 8 run back to back: 4.6% coefficient of variation, lag-1 autocorrelation 0.25):
+    4x the repeats halve the interval for minutes of the stage's time."""
+    return repeats * min(4, max(1, 64 // batch_size))
 
 
 def _run_repeat(runners: dict, runs: dict[str, list[dict]], make_prompts, batch_size: int, repeat: int,
@@ -266,7 +280,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=NUM_BATCHES,
                         help="untimed batches per arm at each batch size before the timed ones")
     parser.add_argument("--confirm-repeats", type=int, default=32,
-                        help="fresh repeats of the adaptive arms and the best other arm at each batch size")
+                        help="fresh repeats of the adaptive arms and the best other arm at each batch size "
+                             "from 64 requests (4x up to 16, 2x at 32)")
     parser.add_argument("--output-dir", default="examples/results")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's); 1 keeps a shared machine's other jobs from stalling "
