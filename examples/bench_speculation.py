@@ -25,12 +25,12 @@ spell of the machine), and the speedup the measured step costs predict for each 
 The targets' comparison, the adaptive arms over the best other arm, is then measured again at each batch size on
 `--confirm-repeats` fresh repeats of just those three arms (`confirm`; 4x that up to 16 requests and 2x at 32, where
 a repeat is cheap: `confirm_repeats_at`), going round the batch sizes so that each size's repeats span the whole
-stage: the best of several noisy arms is biased up (and the least of several paired
-ratios down), so the arm is chosen on the first stage's repeats and measured on others; and three arms get ~2.7x the
-repeats that eight would in the same time. This machine's timing noise needs them: two arms doing the same work read
-0.81-0.92 to 1.11-1.16 of each other (10th to 90th percentile of a repeat's ratio, 4 runs of 24 repeats) at 128
-requests, 0.94-1.05 at 8; and two runs at batch 8 alone, their confirmations a minute each, read adaptive verification
-1.019 (90% interval 0.973-1.086) of K = 4 and 0.954 (0.902-0.984) of K = 8.
+stage: the best of several noisy arms is biased up (and the least of several paired ratios down), so the arm is
+chosen on the first stage's repeats and measured on others; and three arms get ~2.7x the repeats that eight would in
+the same time. This machine's timing noise needs them: two arms doing the same work read 0.81-0.92 to 1.11-1.16 of
+each other (10th to 90th percentile of a repeat's ratio, 4 runs of 24 repeats) at 128 requests, 0.94-1.05 at 8; and
+two runs at batch 8 alone, their confirmations a minute each, read adaptive verification 1.019 (90% interval
+0.973-1.086) of K = 4 and 0.954 (0.902-0.984) of K = 8.
 Writes bench_speculation.json and bench_speculation.png (default folder: examples/results).
 """
 
