@@ -93,12 +93,9 @@ def run_workload(workload: str, runners: dict, batch_sizes, repeats: int, min_re
         runner(make_prompts(16, seed=10_000), SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0))
     results = {}
     for batch_size in batch_sizes:
-        warm = {name: [] for name in runners}
-        for repeat in range(warmup):
-            _run_repeat(runners, warm, make_prompts, batch_size, repeat, max_tokens, seed=20_000)
-        runs = {name: [] for name in runners}
-        for repeat in range(max(min_repeats, repeats_at(batch_size, repeats))):
-            _run_repeat(runners, runs, make_prompts, batch_size, repeat, max_tokens, seed=0)
+        warm = _interleaved(runners, make_prompts, batch_size, warmup, max_tokens, seed=20_000)
+        runs = _interleaved(runners, make_prompts, batch_size, max(min_repeats, repeats_at(batch_size, repeats)),
+                            max_tokens, seed=0)
         results[batch_size] = {
             "arms": {name: _summarise(stats) for name, stats in runs.items()},
             "warmup_tokens_per_s": {name: _summarise(stats)["tokens_per_s"] for name, stats in warm.items() if stats}}
@@ -125,6 +122,15 @@ def confirm_repeats_at(batch_size: int, repeats: int) -> int:
     the next (identical batches of 8 run back to back: 4.6% coefficient of variation, lag-1 autocorrelation 0.25):
     4x the repeats halve the interval for minutes of the stage's time."""
     return repeats * min(4, max(1, 64 // batch_size))
+
+
+def _interleaved(runners: dict, make_prompts, batch_size: int, repeats: int, max_tokens: int,
+                 seed: int) -> dict[str, list[dict]]:
+    """Every arm's stats over `repeats` repeats in a row (_run_repeat)."""
+    runs = {name: [] for name in runners}
+    for repeat in range(repeats):
+        _run_repeat(runners, runs, make_prompts, batch_size, repeat, max_tokens, seed)
+    return runs
 
 
 def _run_repeat(runners: dict, runs: dict[str, list[dict]], make_prompts, batch_size: int, repeat: int,
