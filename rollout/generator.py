@@ -1,6 +1,7 @@
 """`RolloutGenerator`: the public entry point. Loads the models, tokenises prompts, runs the engine, returns
 samples in input order with their logprobs and acceptance records."""
 
+import gc
 import itertools
 import time
 
@@ -80,6 +81,7 @@ class RolloutGenerator:
         self.seed = seed
         self.num_calls = 0
         self._ids = itertools.count()  # request and prompt-group ids, unique across calls
+        _freeze_heap()
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -232,3 +234,13 @@ def _vllm_backend(backend, model, config, draft_model, max_num_seqs, max_model_l
     return VLLMBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                        dtype=dtype, seed=seed, vllm_kwargs=vllm_kwargs)
 
+
+def _freeze_heap() -> None:
+    """Collect, then move every object alive now (models, tokenizer, runners: the start-up heap) out of the cyclic
+    garbage collector's scans, as vLLM's engine core does after start-up. Its oldest generation is otherwise rescanned
+    whole now and then: with the default pair loaded, 360k objects in 130-140 ms, about every 12 s of rollouts at 64
+    requests (1% of the time; adaptive verification's per-request bookkeeping fills the young generation twice as
+    fast there). Frozen objects are still freed when their last reference goes; only reference cycles among them are
+    no longer collected."""
+    gc.collect()
+    gc.freeze()

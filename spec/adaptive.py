@@ -73,6 +73,7 @@ class _Drafts:
 
     def __init__(self, factor: float):
         self.factor = factor
+        self.source: list[float] | None = None  # the list last read: a drafter's grow in place within a step
         self.raw: list[float] = []
         self.values: list[float] = []
         self.survival: list[float] = []
@@ -186,32 +187,38 @@ class AdaptiveVerifier:
         # Extending the top m gains sum(next survival - threshold) and costs a forward of m rows; only rows above
         # the threshold can be worth it (each further row adds a loss and the forward only gets dearer).
         threshold = self.threshold
+        keep = [False] * len(confidences)
         candidates = sorted((row for row, value in enumerate(next_survival) if value > threshold),
                             key=next_survival.__getitem__, reverse=True)
-        gains = itertools.accumulate(next_survival[row] - threshold for row in candidates)
-        nets = [gain - price for gain, price in zip(gains, self._step_prices(len(req_ids), confidences))]
-        best = max(range(len(nets)), key=nets.__getitem__, default=-1)
-        keep = [False] * len(confidences)
-        if best >= 0 and nets[best] > 0:
-            for row in candidates[:best + 1]:
-                keep[row] = True
-            if not any(confidences):
-                self._num_drafting = best + 1
+        if not candidates:
+            return keep
+        best, best_net, gain = 0, 0.0, 0.0
+        for m, (row, price) in enumerate(zip(candidates, self._step_prices(len(candidates), confidences)), start=1):
+            gain += next_survival[row] - threshold
+            if gain - price > best_net:
+                best, best_net = m, gain - price
+        for row in candidates[:best]:
+            keep[row] = True
+        if best and not any(confidences):
+            self._num_drafting = best
         return keep
 
     def _step_prices(self, max_rows: int, confidences: list[list[float]]) -> list[float]:
-        """What extending m = 1, 2, .. rows by one draft costs, in tokens: a draft forward, and in a decoding step
-        whose drafting rows are too many for the runner to split attention, the width it adds to every row's
-        attention (spec/step_cost.py; at 128 rows a width costs 1.5 ms beyond its tokens, a draft forward of 64 rows
-        about 2). Each forward extends rows to one more draft than any has, so each widens the step."""
+        """What extending m = 1, 2, .., max_rows (or more) rows by one draft costs, in tokens: a draft forward, and in
+        a decoding step whose drafting rows are too many for the runner to split attention, the width it adds to
+        every row's attention (spec/step_cost.py; at 128 rows a width costs 1.5 ms beyond its tokens, a draft forward
+        of 64 rows about 2). Each forward extends rows to one more draft than any has, so each widens the step."""
         prices = self._prices(max_rows)
         if not self._is_decoding:  # prompts set the width
             return prices
         shape, depth = self._shape, max(map(len, confidences), default=0)
+        if depth and is_split(shape.num_reqs, self._num_drafting):
+            return prices
+        prices = prices[:max_rows]
         widening = self.rate * max(shape.width_cost(depth + 2) - shape.width_cost(depth + 1)
                                    - shape.per_token * shape.num_reqs, 0.0)
         if depth:
-            return prices if is_split(shape.num_reqs, self._num_drafting) else [p + widening for p in prices]
+            return [p + widening for p in prices]
         return [p + (0.0 if is_split(shape.num_reqs, m) else widening) for m, p in enumerate(prices, start=1)]
 
     def _prices(self, max_rows: int) -> list[float]:
@@ -271,19 +278,21 @@ class AdaptiveVerifier:
         """The requests' drafts calibrated. A step asks about the same drafts several times (before each further
         draft forward, then to allocate and to observe them), so each request's are calibrated once, as they come:
         drafts that extend, or are a prefix of, those already seen reuse them (until the calibration or the
-        request's factor changes)."""
+        request's factor changes). The list a drafter passes for a request is the same object from one forward to the
+        next, grown by the new drafts: the prefix seen is not compared again."""
         if self._drafts_version != self.calibrator.version:
             self._drafts, self._drafts_version = {}, self.calibrator.version
         cache, calibrated = self._drafts, []
         for req_id, conf in zip(req_ids, confidences):
             drafts = cache.get(req_id)
-            if drafts is None or drafts.raw != conf[:len(drafts.raw)]:
+            if drafts is None or (drafts.source is not conf and drafts.raw != conf[:len(drafts.raw)]):
                 if drafts is not None and drafts.raw[:len(conf)] == conf:  # cut at a stop token, or trimmed
                     calibrated.append(drafts.prefix(len(conf)))
                     continue
                 drafts = cache[req_id] = _Drafts(self._factor(req_id))
             if len(conf) > len(drafts.raw):
                 drafts.extend(conf, self.calibrator.value)
+            drafts.source = conf
             calibrated.append(drafts)
         return calibrated
 

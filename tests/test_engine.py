@@ -1,5 +1,7 @@
 """End-to-end engine behaviour on tiny random models: losslessness, logprobs, stops, records, determinism."""
 
+import gc
+
 import pytest
 import torch
 
@@ -143,6 +145,18 @@ def test_the_batch_is_condensed_into_its_lowest_slots(target, draft):
         logp = torch.log_softmax(logits, dim=-1)
         expected = logp[torch.arange(len(sample.completion_ids)), sample.completion_ids].tolist()
         assert sample.logprobs == pytest.approx(expected, abs=1e-4)  # as in the test above
+
+
+def test_the_start_up_heap_is_frozen_out_of_the_garbage_collectors_scans(target):
+    """The generator's models and runners move to the permanent generation (gc.freeze, rollout/generator.py), so the
+    collector's full scans during rollouts do not walk them; they still serve rollouts."""
+    gc.unfreeze()  # what earlier tests froze is scanned again, the target among it
+    assert any(obj is target for obj in gc.get_objects())
+    gen = RolloutGenerator(target, max_model_len=16)
+    scanned = {id(obj) for obj in gc.get_objects()}
+    assert id(target) not in scanned and id(gen.runner) not in scanned and gc.get_freeze_count() > 0
+    batch = gen.generate([[2, 3]], 1, SamplingParams(max_tokens=4), use_tqdm=False)
+    assert 1 <= len(batch.samples[0].completion_ids) <= 4
 
 
 def test_records_sum_to_the_aggregate(target, draft):
