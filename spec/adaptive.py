@@ -204,17 +204,16 @@ class AdaptiveVerifier:
         return keep
 
     def _step_prices(self, max_rows: int, confidences: list[list[float]]) -> list[float]:
-        """What extending m = 1, 2, .., max_rows (or more) rows by one draft costs, in tokens: a draft forward, and in
-        a decoding step whose drafting rows are too many for the runner to split attention, the width it adds to
-        every row's attention (spec/step_cost.py; at 128 rows a width costs 1.5 ms beyond its tokens, a draft forward
-        of 64 rows about 2). Each forward extends rows to one more draft than any has, so each widens the step."""
-        prices = self._prices(max_rows)
+        """What extending m = 1, 2, .., max_rows rows by one draft costs, in tokens: a draft forward, and in a
+        decoding step whose drafting rows are too many for the runner to split attention, the width it adds to every
+        row's attention (spec/step_cost.py; at 128 rows a width costs 1.5 ms beyond its tokens, a draft forward of 64
+        rows about 2). Each forward extends rows to one more draft than any has, so each widens the step."""
+        prices = self._prices(max_rows)[:max_rows]
         if not self._is_decoding:  # prompts set the width
             return prices
         shape, depth = self._shape, max(map(len, confidences), default=0)
         if depth and is_split(shape.num_reqs, self._num_drafting):
             return prices
-        prices = prices[:max_rows]
         widening = self.rate * max(shape.width_cost(depth + 2) - shape.width_cost(depth + 1)
                                    - shape.per_token * shape.num_reqs, 0.0)
         if depth:
