@@ -85,11 +85,6 @@ class Trace:
                     row[start + accepted] = REJECTED
                 start += accepted + 1
 
-    @property
-    def drafted(self) -> bool:
-        """Whether the batch verified any draft."""
-        return bool((self.outcomes != UNSEEN).any())
-
     def unseen_acceptance(self) -> np.ndarray:
         """[request, position]: the chance a draft at the position would be accepted, where no draft was verified.
         Acceptance as a two-state Markov chain along the completion, per request (its rates counting the batch's with

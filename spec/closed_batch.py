@@ -112,8 +112,7 @@ class ClosedBatchSchedule:
             return
         size = len(lengths).bit_length()
         self._batch_seconds[size] = self._batch_seconds.get(size, 0.0) + timing.seconds
-        trace = Trace(records, lengths)
-        if not trace.drafted or not k_limit:
+        if not k_limit or not any(record.num_draft_tokens for record in records):
             self._since_drafted[size] = self._since_drafted.get(size, 0) + 1
             return
         self._since_drafted[size] = 0
@@ -122,7 +121,8 @@ class ClosedBatchSchedule:
         if paid and _is_full(replays) and \
                 self._replay_seconds.get(size, 0.0) > REPLAY_SHARE * self._batch_seconds[size]:
             return  # the replays have had their share of the size's time
-        start = time.perf_counter()
+        start = time.perf_counter()  # the trace is part of the replays' share
+        trace = Trace(records, lengths)
         replays.append((len(lengths), replayed_seconds(lengths, max_lengths, trace, k_limit, timing, costs)))
         self._replay_seconds[size] = self._replay_seconds.get(size, 0.0) + time.perf_counter() - start
         while _is_full(list(replays)[1:]):  # the oldest batch is not needed to keep the window full

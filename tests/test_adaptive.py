@@ -1,5 +1,6 @@
 """Adaptive verification end to end on tiny models: lossless, within k_max, trims by cost, learns, bad input."""
 
+import itertools
 from types import SimpleNamespace
 
 import numpy as np
@@ -309,8 +310,32 @@ def test_under_a_closed_batch_cap_every_request_drafts_and_further_drafts_are_pr
     assert adaptive.keep_drafting(ids, unsure) == [False] * 4
 
 
+def test_under_a_closed_batch_cap_further_draft_decisions_that_do_not_pay_are_made_every_8th_call(monkeypatch):
+    ticks = itertools.count(step=0.01)  # each clock read 10 ms after the last: a decision takes 10 ms
+    monkeypatch.setattr("spec.adaptive.time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    costs = StepCostModel({4: {4: 1.0, 20: 2.6}}, {1: 0.3, 4: 0.3})  # as in the test above
+
+    def capped():
+        adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
+        adaptive.trims = False
+        adaptive.begin_step(4, 4, 2)
+        decided, keep = [], adaptive._keep
+        monkeypatch.setattr(adaptive, "_keep", lambda *args: decided.append(len(decided)) or keep(*args))
+        return adaptive, decided
+
+    ids = [0, 1, 2, 3]
+    adaptive, decided = capped()
+    sure = [[0.95]] * 4  # nothing to cut: deciding is worth nothing and takes 10 ms
+    calls = [adaptive.keep_drafting(ids, sure) for _ in range(17)]
+    assert calls == [[True] * 4] * 17 and len(decided) == 3  # the 1st, 9th and 17th call
+    adaptive, decided = capped()
+    unsure = [[0.95], [0.95], [0.95], [0.05]]  # cutting the unsure row is worth 0.066 s (test above) > 10 ms
+    calls = [adaptive.keep_drafting(ids, unsure) for _ in range(17)]
+    assert calls == [[True, True, True, False]] * 17 and len(decided) == 17
+
+
 def test_under_a_closed_batch_cap_draft_extensions_are_timed_too(monkeypatch):
-    clock = iter([9.0, 10.0, 10.5, 11.0, 12.0, 13.0])
+    clock = iter([9.0, 10.0, 10.0, 10.5, 10.5, 11.0, 12.0, 12.0, 13.0])  # a further-draft decision reads it twice
     monkeypatch.setattr("spec.adaptive.time", SimpleNamespace(perf_counter=lambda: next(clock)))
     costs = StepCostModel({2: {2: 1.0, 10: 2.0}}, {1: 0.2, 2: 0.2, 8: 0.3})
     adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)

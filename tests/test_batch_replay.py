@@ -30,7 +30,7 @@ def test_the_trace_marks_each_position_accepted_rejected_or_unseen():
     # 1 of 3 accepted; no drafts; 2 of 2 (the token after them unseen); 1 of 4; then the completion's last token
     trace = Trace([record([(3, 1), (0, 0), (2, 2), (4, 1)]), RequestAcceptance()], [9, 2])
     assert trace.outcomes.tolist() == [[A, R, U, A, A, U, A, R, U], [U] * 2 + [U] * 7]
-    assert trace.drafted and not Trace([record([(0, 0)] * 3), RequestAcceptance()], [3, 1]).drafted
+    assert (Trace([record([(0, 0)] * 3), RequestAcceptance()], [3, 1]).outcomes == U).all()
 
 
 def test_an_unseen_position_after_an_accepted_draft_reads_the_chain_s_posterior():
