@@ -190,7 +190,7 @@ class AdaptiveVerifier:
         """Under a closed batch's cap: _keep, unless its recent decisions at this many rows were worth less than they
         took (then every row is extended, as _keep would have done had it cut nothing), deciding at least every
         _GATE_PERIOD-th call to keep both measures current. A decision is worth the time its cuts save net of the
-        tokens they lose, at the rate it prices with (spec/adaptive.py docstring). At 1-2 requests a cut often saves
+        tokens they lose, at the rate it prices with (module docstring). At 1-2 requests a cut often saves
         a whole draft forward, hundreds of times what deciding takes; from 32 requests on the default workload it
         cut under 0.3% of the rows at 0.1-0.35 ms a call, 0.6-1% of a batch's time for next to nothing."""
         gate = self._gates.setdefault(len(confidences).bit_length(), [0.0, 0.0, 0])
@@ -199,7 +199,7 @@ class AdaptiveVerifier:
             gate[2] += 1
             return [True] * len(confidences)
         keep, worth = self._keep(req_ids, confidences)
-        gate[0] = _GATE_MEMORY * value + (1 - _GATE_MEMORY) * worth / self.rate if self.rate else value
+        gate[0] = (_GATE_MEMORY * value + (1 - _GATE_MEMORY) * worth / self.rate) if self.rate else value
         gate[1] = _GATE_MEMORY * cost + (1 - _GATE_MEMORY) * (time.perf_counter() - start)
         gate[2] = 0
         return keep
@@ -224,7 +224,8 @@ class AdaptiveVerifier:
         candidates = sorted((row for row, value in enumerate(next_survival) if value > threshold),
                             key=next_survival.__getitem__, reverse=True)
         best, best_net, gain = 0, 0.0, 0.0
-        for m, (row, price) in enumerate(zip(candidates, self._step_prices(len(candidates), confidences)), start=1):
+        prices = self._step_prices(len(candidates), confidences) if candidates else []
+        for m, (row, price) in enumerate(zip(candidates, prices), start=1):
             gain += next_survival[row] - threshold
             if gain - price > best_net:
                 best, best_net = m, gain - price
