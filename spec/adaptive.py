@@ -87,15 +87,14 @@ class _Drafts:
         self.survival: list[float] = []
 
     def extend(self, confidences: list[float], value) -> None:
-        for raw in confidences[len(self.raw):]:
-            self.extend_one(raw, value)
-
-    def extend_one(self, raw: float, value) -> None:
-        """The draft after those seen, calibrated by value(position, raw)."""
-        calibrated = value(len(self.raw), raw)
-        self.raw.append(raw)
-        self.values.append(calibrated)
-        self.survival.append((self.survival[-1] if self.survival else 1.0) * calibrated * self.factor)  # both <= 1
+        running = self.survival[-1] if self.survival else 1.0
+        for position in range(len(self.raw), len(confidences)):
+            raw = confidences[position]
+            calibrated = value(position, raw)
+            running *= calibrated * self.factor  # both at most 1
+            self.raw.append(raw)
+            self.values.append(calibrated)
+            self.survival.append(running)
 
     def prefix(self, length: int) -> "_Drafts":
         cut = _Drafts(self.factor)
@@ -317,20 +316,16 @@ class AdaptiveVerifier:
         next, grown by the new drafts: the prefix seen is not compared again."""
         if self._drafts_version != self.calibrator.version:
             self._drafts, self._drafts_version = {}, self.calibrator.version
-        cache, calibrated, value = self._drafts, [], self.calibrator.value
+        cache, calibrated = self._drafts, []
         for req_id, conf in zip(req_ids, confidences):
             drafts = cache.get(req_id)
-            if drafts is not None and drafts.source is conf and len(conf) == len(drafts.raw) + 1:
-                drafts.extend_one(conf[-1], value)  # the common case: the drafter's list, one draft longer
-                calibrated.append(drafts)
-                continue
             if drafts is None or (drafts.source is not conf and drafts.raw != conf[:len(drafts.raw)]):
                 if drafts is not None and drafts.raw[:len(conf)] == conf:  # cut at a stop token, or trimmed
                     calibrated.append(drafts.prefix(len(conf)))
                     continue
                 drafts = cache[req_id] = _Drafts(self._factor(req_id))
             if len(conf) > len(drafts.raw):
-                drafts.extend(conf, value)
+                drafts.extend(conf, self.calibrator.value)
             drafts.source = conf
             calibrated.append(drafts)
         return calibrated
