@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -26,9 +27,9 @@ from spec.monotone import isotonic
 from spec.step_cost import StepCostModel
 
 _CONTEXT = 32  # cached tokens per row while timing: a prompt plus part of a completion
-_FORMAT = 6  # in the cache key, so that older tables are measured again: format 1 was refined pointwise (kinks),
-# 2-3 learned a drifting level, 2 timed each point's repeats back to back, 1-4 timed drafting as whole calls, and
-# 1-5 had no per-token cost
+_FORMAT = 7  # in the cache key, so that older tables are measured again: format 1 was refined pointwise (kinks),
+# 2-3 learned a drifting level, 2 timed each point's repeats back to back, 1-4 timed drafting as whole calls, 1-5 had
+# no per-token cost, and 1-6 took each point's fastest run (_block_times)
 _REPEATS = 5
 _MIN_SECONDS = 1e-5  # a difference of two timings that noise made non-positive: costs must be > 0
 
@@ -97,9 +98,12 @@ def _time_verification(runner, grid: list[int], widths: list[int], context: int)
     ragged = {n: [widest] * (n // 2) + [1] * (n - n // 2) for n in grid if n >= 2}
     try:
         runner.forward(slots, [[3] * context] * len(slots), [0] * len(slots))
-        runs = {(n, w): lambda n=n, w=w: _verify(runner, slots[:n], [w] * n, context) for n in grid for w in widths}
-        runs.update({(n, "ragged"): lambda n=n: _verify(runner, slots[:n], ragged[n], context) for n in ragged})
-        times = _fastest_times(runs)
+        runs = {}  # each num_reqs' points one after another: a block (_block_times)
+        for n in grid:
+            runs.update({(n, w): lambda n=n, w=w: _verify(runner, slots[:n], [w] * n, context) for w in widths})
+            if n in ragged:
+                runs[n, "ragged"] = lambda n=n: _verify(runner, slots[:n], ragged[n], context)
+        times = _block_times(runs)
         return ({n: {n * w: times[n, w] for w in widths} for n in grid},
                 {n: (sum(ragged[n]), times[n, "ragged"]) for n in ragged})
     finally:
@@ -125,28 +129,42 @@ def _time_drafting(drafter, grid: list[int], context: int) -> dict[int, float]:
     requests = [DraftRequest(-1 - i, -1 - i, [3] * context + [4], context) for i in range(max(grid))]
     try:
         drafter.propose(requests, [2] * len(requests))  # prefill and warm-up
-        times = _fastest_times({(n, k): lambda n=n, k=k: drafter.propose(requests[:n], [k] * n)
-                                for n in grid for k in (1, 2)})
+        times = _block_times({(n, k): lambda n=n, k=k: drafter.propose(requests[:n], [k] * n)
+                              for n in grid for k in (1, 2)})
         return {n: max(times[n, 2] - times[n, 1], _MIN_SECONDS) for n in grid}
     finally:
         for request in requests:
             drafter.finish(request)
 
 
-def _fastest_times(runs: dict) -> dict:
-    """Per key, the fastest of _REPEATS timed runs after a warm-up: interference from other processes only adds
-    time, so the minimum is the least noisy estimate of the work's own cost. The runs take turns, one round over all
-    keys at a time: a slow spell of the machine (on a shared 2-core VM, one lasting seconds once measured 128 rows at
-    1.45x their cost) then slows one round of every point instead of every repeat of a few."""
+def _block_times(runs: dict) -> dict:
+    """Seconds per key (block, point), from _REPEATS timed rounds after a warm-up. The runs take turns, one round over
+    all keys at a time, a block's points one after another: a slow spell of the machine (on a shared 2-core VM, one
+    lasting seconds once measured 128 rows at 1.45x their cost) then slows one round of every point instead of every
+    repeat of a few. A block's shape, each point's share of the block's time, is the median over rounds of its share
+    within the round: its points run milliseconds apart, so the machine's speed, which moves from one round to the
+    next (by 1.5x within a profile), cancels. Its level is the block's fastest round: interference only adds time.
+    Each point the fastest of its own rounds instead, the step-cost shape moved with the spells: over 6 profiles, the
+    cost of 9 tokens per row over 5 at 64 and 128 rows varied by 9% and 11% (coefficient of variation), against 1.4%
+    and 2.1% so; the K the closed batches choose follows those slopes."""
     for run in runs.values():
         run()
-    best = dict.fromkeys(runs, float("inf"))
+    times = {key: [] for key in runs}
     for _ in range(_REPEATS):
         for key, run in runs.items():
             start = time.perf_counter()
             run()
-            best[key] = min(best[key], time.perf_counter() - start)
-    return best
+            times[key].append(time.perf_counter() - start)
+    blocks: dict = {}
+    for key in runs:
+        blocks.setdefault(key[0], []).append(key)
+    seconds = {}
+    for keys in blocks.values():
+        totals = [sum(round_) for round_ in zip(*(times[key] for key in keys))]
+        shares = {key: statistics.median(t / total for t, total in zip(times[key], totals)) for key in keys}
+        level = min(totals) / sum(shares.values())
+        seconds.update({key: share * level for key, share in shares.items()})
+    return seconds
 
 
 def _monotone(verify: dict, draft: dict | None, ragged: dict) -> StepCostModel:

@@ -140,9 +140,20 @@ def test_profile_measures_monotone_positive_costs_and_caches_them(step_cost_cach
     assert cost_profile.cache_path(other) != path
 
 
-def test_profile_timings_take_turns_so_a_slow_spell_slows_one_round_of_every_point(monkeypatch):
-    calls, clock = [], iter(range(1000))
-    monkeypatch.setattr(cost_profile, "time", __import__("types").SimpleNamespace(perf_counter=lambda: next(clock)))
-    runs = {key: (lambda key=key: calls.append(key)) for key in "ab"}
-    assert cost_profile._fastest_times(runs) == {"a": 1, "b": 1}  # every timed run takes one tick here
-    assert calls == ["a", "b"] + ["a", "b"] * cost_profile._REPEATS  # warm-ups, then rounds over every point
+def test_profile_takes_each_blocks_shape_within_rounds_and_its_level_from_the_fastest(monkeypatch):
+    """Every point runs once untimed, then _REPEATS rounds over all of them; a block's shape comes from within each
+    round, so a moment of full speed that covered one point of one round (the machine at 1.5x otherwise) does not bend
+    it, as each point's fastest run would (there: 3x where the work is 2x)."""
+    now, calls = [0.0], []
+    monkeypatch.setattr(cost_profile, "time", __import__("types").SimpleNamespace(perf_counter=lambda: now[0]))
+    cost = {("a", 1): 1.0, ("a", 2): 2.0, ("b", 1): 5.0}
+
+    def run(key):
+        calls.append(key)
+        now[0] += cost[key] * (1.0 if (key, calls.count(key)) == (("a", 1), 4) else 1.5)
+
+    times = cost_profile._block_times({key: (lambda key=key: run(key)) for key in cost})
+    assert calls == list(cost) * (1 + cost_profile._REPEATS)  # a warm-up, then rounds over every point
+    assert times[("a", 2)] / times[("a", 1)] == pytest.approx(2.0)
+    assert times[("a", 1)] + times[("a", 2)] == pytest.approx(4.0)  # the block's fastest round
+    assert times[("b", 1)] == pytest.approx(7.5)
