@@ -202,7 +202,7 @@ class Engine:
             schedule.observe([len(r.output_ids) for r in batch],
                              [r.max_completion_len(self.max_model_len) for r in batch],
                              [r.acceptance for r in batch], self.timing, self.adaptive.costs,
-                             k_limit=self.scheduler.k_for_batch_size(len(batch)), cap=self.draft_cap)
+                             k_limit=self.scheduler.k_for_batch_size(len(batch)))
         return time.perf_counter() - start
 
 

@@ -25,32 +25,26 @@ ahead). With them, K = 0 replayed 3-4% ahead on the mixed workload, and K = 3-4 
 rows). The verdict before this one was measured (each batch's time over its replay without drafts, the median of the
 last 3 drafted batches against the last 3 undrafted): on a noisy 2-core VM, where one batch of 256 takes 2.2-3.1 s
 for the same work, it flipped between drafting and not, and the adaptive arms ran at 0.83-0.85 of K = 1 there.
-The replays are corrected as below, K = 0 by undrafted batches (a replay without drafts is cheap, and each is
-replayed): the step-cost model priced decoding without drafts 10% high at 64 requests on the mixed workload (its
-batches ran at 0.91 of their replays, K = 1's at 1.01, K = 2's at 1.04), and the replays put K = 1 1.5% ahead of no
-drafts where it ran 9% behind. A size that drafts runs no undrafted batch to learn that from, so where K = 0 replays
-within NO_DRAFT_PROBE (10%) of the fastest K and fewer than MIN_ERRORS undrafted batches have measured it, the
-size's closed batches go undrafted until they have.
 
 How deep: replayed. Where it drafts, a batch offers every request up to the K >= 1 chosen from the replays
 over the size's last batches (the last NUM_BATCHES, or more where those hold fewer than REPLAY_REQUESTS requests): the
-smallest K that the fastest does not beat by REPLAY_MIN_GAIN (0.5%), each K's replayed seconds corrected by what
-batches run under that cap measured over their replays there (corrected_totals). Not so for whether to draft: an
-undrafted batch is not replayed, so a verdict for K = 0 stands until its recheck, where one for drafting keeps being
-replayed (with a 2% margin on it, most closed batches of 64 on the default workload went undrafted in a benchmark run,
-12% behind the schedule's K = 4, paired).
+smallest K that the fastest does not beat by REPLAY_MIN_GAIN (0.5%). The replays draw the same positions for every K,
+so their noise between Ks is small; `rollout tune`'s MIN_GAIN (2%), which compares separately timed runs, left gains
+the replays resolve: K = 3 offered at 64 requests on the default workload where K = 4 ran 2.3% faster (paired), and
+K = 7 at 4 requests in some windows where K = 8 ran 3% faster. Not so for whether to draft: an undrafted batch is not
+replayed, so a verdict for K = 0 stands until its recheck, where one for drafting keeps being replayed (with a 2%
+margin on it, most closed batches of 64 on the default workload went undrafted in a benchmark run, 12% behind the
+schedule's K = 4, paired).
 The replays take each batch's own steps at the K it ran and find, from its trace, the steps and verified tokens of
 the others within 2% (default and mixed workloads, 16 and 64 requests, from batches run at K = 4 and 8), but for K =
 8 from K = 4 at 16 requests on the default workload (6% too many steps); an earlier replay that resampled whole
 steps priced K = 8 8-14% high relative to K = 4, and the largest K within 5% of the best was offered to make up for
-it. What is left is the step-cost model's error from one K's steps to another's, and that depends on K: at 8 requests
-on the mixed workload the replays priced K = 2's own batches 2.3% above their measured time and K = 3's within 0.2%,
-and put K = 3 1.4-2.2% ahead of K = 2, which measured 2-4% behind it; at 64 on the default workload the error ran the
-other way (K = 3 offered where K = 4 ran 2.3% faster). No fixed margin fits both, and `rollout tune`'s 2% (MIN_GAIN)
-cost more than it saved: at 4 requests on the default workload K = 7 replayed within it of K = 8 in some windows, and
-offered, ran 3% behind. So each cap's own batches correct its replays: the median of their measured over replayed
-seconds, a cap's own once MIN_ERRORS batches ran under it, else the nearest such cap's, which moves no K against
-another until a second cap has been run (the window's choice moves between neighbouring Ks as its batches change).
+it. What is left is the step-cost model's error from one K's steps to another's (mixed workload, 8 requests: the
+replays priced K = 2's own batches 2.3% above their measured time and K = 3's within 0.2%). Correcting each cap's
+replays by its own batches' measured over replayed seconds was tried and dropped: one batch's ratio ranged 0.85-1.37
+at 64 requests on the default workload (24 batches), so the median of a cap's last 3-8 moved its K by 3-4% on a
+single batch, more than the error it was to correct, and the offer switched between K = 3, 4 and 5 (benchmark at 64:
+0.92 of the best other arm, confirmed, against 0.99 in the run before).
 Under the cap every request gets a first draft, and a further draft only where it pays on the batch's critical path
 (spec/adaptive.py: priced at one request's tokens per second, not the batch's), not where the per-step policy's
 allocation would admit it: trimming at the batch's rate is what loses in a closed batch. It cuts the drafts of the
@@ -62,8 +56,6 @@ took 8.9). A size with no drafted batch of its own is not capped: the per-step p
 start its replays.
 """
 
-import math
-import statistics
 import time
 from collections import deque
 
@@ -81,17 +73,7 @@ REPLAY_REQUESTS = 64  # a size follows its last batches' replays over at least 6
 # requests on the default workload, 8% behind K = 8 (median of 24 batches, each timed against K = 8's on the same
 # prompts), and between 1 and 4 at 4 requests on the mixed one, 5% behind K = 2; over 64 requests, K = 8 throughout
 # (3% behind, on the same steps as K = 8), and 2-3 (even with K = 2)
-REPLAY_MIN_GAIN = 1.005  # a deeper K must replay 0.5% faster, corrected (corrected_totals): the replays' noise
-# between Ks (their draws are common to every K). At 2% (MIN_GAIN, `rollout tune`'s), K = 7 replayed within it of
-# K = 8 at 4 requests on the default workload in some windows and was offered, 3% behind K = 8 measured
-ERROR_MEMORY = 8  # per size and cap, the last 8 batches' measured over replayed seconds
-MIN_ERRORS = 3  # a cap's own correction once 3 batches ran under it: one batch in a slow spell of the machine would
-# otherwise price its cap out, and that cap would not be run again to be measured afresh
-NO_DRAFT_PROBE = 1.10  # where K = 0 replays (corrected) within 10% of the fastest K and MIN_ERRORS undrafted batches
-# have not measured its own error, the size's closed batches go undrafted until they have. The step-cost model priced
-# decoding without drafts 10% high (64 requests, mixed workload: undrafted batches ran at 0.91 of their replays,
-# K = 1's at 1.01, K = 2's at 1.04), and the replays put K = 1 1.5% ahead of no drafts where it ran 9% behind; and
-# a size that drafts runs no undrafted batch to learn it from
+REPLAY_MIN_GAIN = 1.005  # a deeper K must replay 0.5% faster than the K offered (module docstring)
 REPLAY_SHARE = 0.005  # once a size's window is full (REPLAY_REQUESTS requests, NUM_BATCHES batches), its replays
 # take at most 0.5% of its closed batches' time: while they have taken more, its drafted batches are not replayed (a
 # recheck always is). A replay costs about 1 ms of numpy at 2 requests, 1.2-1.5% of a batch there (default workload),
@@ -109,8 +91,6 @@ class ClosedBatchSchedule:
         self._replay_seconds: dict[int, float] = {}  # its replays' seconds
         self._since_drafted: dict[int, int] = {}  # closed batches of that size run without drafts since one drafted
         self._recheck: dict[int, int] = {}  # where drafting lost: the closed batch since one drafted that drafts again
-        self._errors: dict[int, dict[int, deque[float]]] = {}  # log2 batch size -> cap K -> its last batches' measured
-        # over replayed seconds at K, logged (corrected_totals)
 
     def k_max(self, num_reqs: int) -> int | None:
         """The most drafts a closed batch of num_reqs requests offers a request (0: no drafts); None where the
@@ -119,92 +99,59 @@ class ClosedBatchSchedule:
         replays = self._replays.get(num_reqs.bit_length())
         if replays is None:
             return None
-        return best_k(replays, self._errors.get(num_reqs.bit_length())) if self.allows_drafting(num_reqs) else 0
+        return best_k(replays) if self.allows_drafting(num_reqs) else 0
 
     def allows_drafting(self, num_reqs: int) -> bool:
-        """Whether a closed batch of num_reqs requests should draft: its size's replays, corrected, found drafting
-        fastest, unless undrafted batches are due to measure K = 0's own error (NO_DRAFT_PROBE); or it is the recheck
-        (module docstring)."""
+        """Whether a closed batch of num_reqs requests should draft: its size's replays found drafting fastest, or
+        it is the recheck (module docstring)."""
         size = num_reqs.bit_length()
         replays = self._replays.get(size)
-        if replays is None:
+        if replays is None or drafting_wins(replays):
             return True
-        errors = self._errors.get(size, {})
-        totals = corrected_totals(replays, errors)
-        if min(totals[1:]) < totals[0]:  # drafting wins, unless K = 0's own error is still to be measured
-            return len(errors.get(0, ())) >= MIN_ERRORS or totals[0] > NO_DRAFT_PROBE * min(totals[1:])
         return self._since_drafted.get(size, 0) + 1 >= self._recheck.get(size, FIRST_RECHECK)
 
     def observe(self, lengths: list[int], max_lengths: list[int], records: list[RequestAcceptance],
-                timing: BatchTiming, costs: StepCostModel, k_limit: int, cap: int | None = None) -> None:
+                timing: BatchTiming, costs: StepCostModel, k_limit: int) -> None:
         """One finished closed batch: each request's completion length, the most it had room for, and its acceptance
-        record, the run's timing, the most drafts per request it could have been allowed (the config's or the
-        schedule's K), and the cap it ran under (None: none, the per-step policy trimmed)."""
+        record, the run's timing, and the most drafts per request it could have been allowed (the config's or the
+        schedule's K)."""
         if not lengths or timing.num_steps < 2:
             return
         size = len(lengths).bit_length()
         self._batch_seconds[size] = self._batch_seconds.get(size, 0.0) + timing.seconds
         if not k_limit or not any(record.num_draft_tokens for record in records):
             self._since_drafted[size] = self._since_drafted.get(size, 0) + 1
-            if k_limit and cap == 0 and size in self._replays:  # K = 0's own error: a replay without drafts is cheap
-                self._observe_error(size, 0, timing.seconds, replayed_seconds(lengths, max_lengths, None, 0, timing,
-                                                                              costs)[0])
             return
         self._since_drafted[size] = 0
         replays = self._replays.setdefault(size, deque())
-        paid = not replays or drafting_wins(replays, self._errors.get(size))
+        paid = not replays or drafting_wins(replays)
         if paid and _is_full(replays) and \
                 self._replay_seconds.get(size, 0.0) > REPLAY_SHARE * self._batch_seconds[size]:
             return  # the replays have had their share of the size's time
         start = time.perf_counter()  # the trace is part of the replays' share
         trace = Trace(records, lengths)
-        replayed = replayed_seconds(lengths, max_lengths, trace, k_limit, timing, costs)
-        replays.append((len(lengths), replayed))
-        if cap:  # how far the engine under this cap ran from its replay at the cap
-            self._observe_error(size, min(cap, k_limit), timing.seconds, replayed[min(cap, k_limit)])
+        replays.append((len(lengths), replayed_seconds(lengths, max_lengths, trace, k_limit, timing, costs)))
         self._replay_seconds[size] = self._replay_seconds.get(size, 0.0) + time.perf_counter() - start
         while _is_full(list(replays)[1:]):  # the oldest batch is not needed to keep the window full
             replays.popleft()
-        if drafting_wins(replays, self._errors.get(size)):
+        if drafting_wins(replays):
             self._recheck.pop(size, None)
         else:  # drafting lost with this batch, or lost again at its recheck: wait twice as long as before
             self._recheck[size] = FIRST_RECHECK if paid else min(2 * self._recheck.get(size, FIRST_RECHECK), RECHECK)
 
-    def _observe_error(self, size: int, cap: int, measured: float, replayed: float) -> None:
-        errors = self._errors.setdefault(size, {}).setdefault(cap, deque(maxlen=ERROR_MEMORY))
-        errors.append(math.log(measured / replayed))
 
-
-def drafting_wins(replays, errors: dict[int, deque[float]] | None = None) -> bool:
+def drafting_wins(replays) -> bool:
     """Whether some K >= 1 replayed faster than K = 0, summed over the batches ((num_reqs, seconds at K = 0, 1, ..)
-    each, up to the least K any of them was allowed) and corrected (corrected_totals)."""
-    totals = corrected_totals(replays, errors)
+    each, up to the least K any of them was allowed)."""
+    totals = _totals(replays)
     return min(totals[1:]) < totals[0]
 
 
-def best_k(replays, errors: dict[int, deque[float]] | None = None) -> int:
-    """The smallest K >= 1 whose replayed seconds, summed over the batches and corrected (corrected_totals), the
-    fastest K >= 1 does not beat by REPLAY_MIN_GAIN."""
-    totals = corrected_totals(replays, errors)
-    return smallest_k_within({k: 1.0 / totals[k] for k in range(1, len(totals))}, REPLAY_MIN_GAIN)
-
-
-def corrected_totals(replays, errors: dict[int, deque[float]] | None = None) -> list[float]:
-    """Per K = 0, 1, .., the replayed seconds summed over the batches, times the median of the measured over
-    replayed seconds of the size's last batches run under cap K (K = 0: undrafted), where MIN_ERRORS were; else of the
-    nearest such cap (the mean of two as near); as replayed without any. The replays price every K with one step-cost
-    model, whose error depends on the shape of the steps (module docstring): what a cap measured corrects its own
-    replays."""
+def best_k(replays) -> int:
+    """The smallest K >= 1 whose replayed seconds, summed over the batches, the fastest K >= 1 does not beat by
+    REPLAY_MIN_GAIN."""
     totals = _totals(replays)
-    known = {k: statistics.median(logs) for k, logs in (errors or {}).items() if len(logs) >= MIN_ERRORS}
-    if not known:
-        return totals
-    corrected = []
-    for k, total in enumerate(totals):
-        distance = min(abs(k - cap) for cap in known)
-        corrected.append(total * math.exp(statistics.mean(log for cap, log in known.items()
-                                                           if abs(k - cap) == distance)))
-    return corrected
+    return smallest_k_within({k: 1.0 / totals[k] for k in range(1, len(totals))}, REPLAY_MIN_GAIN)
 
 
 def _is_full(replays) -> bool:

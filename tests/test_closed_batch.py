@@ -1,6 +1,5 @@
 """Closed batches: whether they draft and how deep (both replayed), and the engine running both."""
 
-import math
 from collections import deque
 
 import pytest
@@ -9,8 +8,8 @@ from replay_testing import COSTS, flat_costs, record
 from rollout import RolloutGenerator, SamplingParams
 from spec import RequestAcceptance, StepCostModel
 from spec.batch_replay import BatchTiming
-from spec.closed_batch import FIRST_RECHECK, MIN_ERRORS, NO_DRAFT_PROBE, NUM_BATCHES, RECHECK, REPLAY_REQUESTS, \
-    ClosedBatchSchedule, best_k, corrected_totals, drafting_wins
+from spec.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, REPLAY_REQUESTS, ClosedBatchSchedule, best_k, \
+    drafting_wins
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
@@ -25,11 +24,11 @@ def _timing(seconds: float = 1e6) -> BatchTiming:
 
 
 def _observe(schedule: ClosedBatchSchedule, lengths: list[int], drafted: bool, costs: StepCostModel = COSTS,
-             records: list | None = None, k_limit: int = 0, seconds: float = 1e6, cap: int | None = None) -> None:
+             records: list | None = None, k_limit: int = 0, seconds: float = 1e6) -> None:
     """A closed batch; with drafts, every one accepted unless `records` says otherwise."""
     if records is None:
         records = [record([(1, 1)]) if drafted else RequestAcceptance() for _ in lengths]
-    schedule.observe(lengths, [64] * len(lengths), records, _timing(seconds), costs, k_limit, cap)
+    schedule.observe(lengths, [64] * len(lengths), records, _timing(seconds), costs, k_limit)
 
 
 # 64 requests of 40 tokens (a size's window is then its last NUM_BATCHES batches), their drafts always rejected: at
@@ -112,8 +111,6 @@ def test_a_k_the_fastest_replay_beats_by_less_than_min_gain_is_offered_where_it_
     assert not drafting_wins([(64, [10.0, 10.01, 10.2])])
     schedule = ClosedBatchSchedule()
     schedule._replays[7] = deque([(64, [10.0, 9.95, 9.99])])
-    assert schedule.k_max(64) == 0  # within NO_DRAFT_PROBE: undrafted batches measure K = 0's own error first
-    schedule._errors[7] = {0: deque([0.0] * MIN_ERRORS)}  # they ran as replayed
     assert schedule.k_max(64) == 1
     schedule._replays[7] = deque([(64, [10.0, 10.01, 10.2])])
     assert schedule.k_max(64) == 0
@@ -152,56 +149,6 @@ def _adaptive(target, draft, max_num_seqs=4, draft_seconds=0.01):
                             max_model_len=64, step_costs=flat)
 
 
-def test_what_batches_under_a_cap_measured_over_their_replays_corrects_that_caps_replays_once_min_errors_ran():
-    schedule = ClosedBatchSchedule()
-    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3)  # no cap
-    assert schedule.k_max(4) == 2  # K = 0-3 replay at 39.0, 34.1, 21.1, 25.0 s
-    assert not schedule._errors  # an uncapped batch measures no cap
-    # Batches under cap 2 take 25% longer than their replays at K = 2 (26.4 s against 25.0 for K = 3): not counted
-    # before MIN_ERRORS of them, and then, the only cap known, every K's replays are taken 25% longer alike
-    for _ in range(MIN_ERRORS):
-        assert schedule.k_max(4) == 2
-        _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3,
-                 seconds=21.1 * 1.25, cap=2)
-    assert [math.exp(e) for e in schedule._errors[3][2]] == [pytest.approx(1.25)] * MIN_ERRORS
-    assert schedule.k_max(4) == 2
-    # Batches under cap 3 (capped at k_limit 3 whatever the cap) take what their replays say: K = 3 is offered
-    for _ in range(MIN_ERRORS):
-        _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3, seconds=25.0,
-                 cap=5)
-    assert schedule.k_max(4) == 3 and len(schedule._errors[3][3]) == MIN_ERRORS
-    # A K not run takes the nearest cap's error, the mean of two as near (K = 4's is not counted yet)
-    errors = {1: deque([math.log(1.1)] * MIN_ERRORS), 3: deque([math.log(0.9)] * MIN_ERRORS),
-              4: deque([math.log(2.0)] * (MIN_ERRORS - 1))}
-    assert corrected_totals([(4, [1.0] * 6)], errors) == pytest.approx([1.1, 1.1, math.sqrt(1.1 * 0.9), 0.9, 0.9, 0.9])
-    assert corrected_totals([(4, [1.0, 2.0])], {}) == [1.0, 2.0]
-
-
-# 64 requests of 40 tokens, each with 3 of its 37 single drafts accepted: at 1 s a verification and 0.02 s a draft
-# forward, K = 1 replays at about 36.6 s against 39 without drafts, within NO_DRAFT_PROBE of it
-RARE = [record([(1, 1)] * 3 + [(1, 0)] * 34)] * REPLAY_REQUESTS
-
-
-@pytest.mark.parametrize("undrafted_over_replayed, drafts_after", [(1.0, True), (0.8, False)])
-def test_where_no_drafts_replay_close_behind_undrafted_batches_measure_their_own_error_first(undrafted_over_replayed,
-                                                                                              drafts_after):
-    schedule, cheap = ClosedBatchSchedule(), flat_costs(0.02)
-    _observe(schedule, WIDE, drafted=True, costs=cheap, records=RARE, k_limit=1)  # uncapped: no error measured
-    totals = schedule._replays[7][0][1]
-    assert totals[1] < totals[0] <= NO_DRAFT_PROBE * totals[1]
-    for _ in range(MIN_ERRORS):  # drafting wins, but K = 0's own error is not known yet
-        assert drafting_wins(schedule._replays[7], schedule._errors.get(7)) and schedule.k_max(64) == 0
-        _observe(schedule, WIDE, drafted=False, costs=cheap, k_limit=1, cap=0, seconds=39.0 * undrafted_over_replayed)
-    assert [math.exp(e) for e in schedule._errors[7][0]] == [pytest.approx(undrafted_over_replayed)] * MIN_ERRORS
-    # The only cap measured, K = 0's error is every K's: the size drafts until K = 1's own is known
-    for _ in range(MIN_ERRORS):
-        assert schedule.k_max(64) == 1
-        _observe(schedule, WIDE, drafted=True, costs=cheap, records=RARE, k_limit=1, cap=1, seconds=totals[1])
-    # Undrafted batches as replayed: drafting still wins; 20% faster than replayed: no drafts win, corrected
-    assert drafting_wins(schedule._replays[7], schedule._errors[7]) == drafts_after
-    assert schedule.allows_drafting(64) == drafts_after
-
-
 def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(target, draft):
     prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9]]
     plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(prompts, 1, GREEDY, use_tqdm=False)
@@ -213,9 +160,8 @@ def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(
     assert batch.stats["num_proposed_draft_tokens"] == 0
     assert batch.stats["draft_cap"] == 0 and batch.metrics["spec/draft_cap"] == 0.0
     assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
-    # The run was an undrafted closed batch of 3, the 1st since the verdict: the next one rechecks. It measured K = 0
-    # against its replay
-    assert schedule.allows_drafting(3) and schedule.k_max(3) == 1 and len(schedule._errors[2][0]) == 1
+    # The run was an undrafted closed batch of 3, the 1st since the verdict: the next one rechecks
+    assert schedule.allows_drafting(3) and schedule.k_max(3) == 1
 
     fresh = _adaptive(target, target)  # the target drafting for itself: greedy, every draft accepted
     caps = []  # nothing known: no cap; then the K the batches replayed fastest
@@ -228,8 +174,6 @@ def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(
         assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
     # Every step a second in the table, a draft forward 0.01 s, every draft accepted: the deepest K replays fastest
     assert caps == [3, 3, 3]
-    # the batches under the cap measured against their replays there (the first ran without one)
-    assert list(fresh.adaptive.closed_batch._errors[2]) == [3] and len(fresh.adaptive.closed_batch._errors[2][3]) == 2
 
 
 def test_under_its_cap_a_closed_batch_drafts_for_every_request_and_as_deep_as_the_critical_path_pays(target, draft):
