@@ -9,7 +9,8 @@ With adaptive verification (spec/adaptive.py) the proposal is trimmed per reques
 after it the judged drafts teach the calibrator and the measured times refine the step-cost model. A run whose
 requests all start at its first step (a closed batch) offers every request up to the K that replaying the last
 ones of its size found fastest, 0 included (spec/closed_batch.py), drafting as deep as its critical path pays
-(spec/adaptive.py); its outcome is replayed in turn.
+(spec/adaptive.py); its outcome is replayed in turn, and it teaches the calibrator and the cost model, where its
+size's replays record it (ClosedBatchSchedule.records).
 """
 
 import time
@@ -194,6 +195,7 @@ class Engine:
         self.draft_cap = schedule.k_max(len(batch)) if is_closed else None
         if self.adaptive is not None:  # no per-step allocation under a closed batch's cap (spec/closed_batch.py)
             self.adaptive.trims = self.draft_cap is None
+            self.adaptive.learns = not is_closed or schedule.records(len(batch))
         self.timing = BatchTiming()
         while self.has_unfinished:
             for request in self.step():

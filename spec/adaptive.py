@@ -34,6 +34,13 @@ net of the tokens they lose, at the rate it prices with) and the time it took ar
 short, only every 8th call decides and the others extend every row (_gated_keep). In situ (default workload, cap
 K = 4) the decisions then took 0.6 / 0.9 / 2.6 ms of a batch of 2 / 16 / 128 requests, against 1.1 / 2.3 / 9.2, and
 cut 3.1% / 0.3% of the rows at 2 / 16 requests (cap K = 8 and 3), against 5.2% / 0.5%.
+Learning costs time as well: handing the judged drafts to the calibrator and refining the costs from the step times
+took 0.9% of closed batches of 2 requests on the default workload (cap K = 8), 0.6% at 8. A closed batch that its
+size's replays do not record (ClosedBatchSchedule.records: once the size's window is full and its replays have had
+their share of its time) learns nothing (`learns`), and decides from what the recorded ones taught: at a size run
+over and over, what it would have learned itself. At 2 requests, after 60 batches, 28 of 438 steps then refined the
+costs, and adaptive verification's own work (decisions, learning, replays) fell from 2.0% to 1.2% of the batches'
+time; at 8, from 1.9% to 1.6% (about 2 batches in 5 are replayed there).
 
 Per request. The calibrator maps confidence to acceptance for all requests alike, but a drafter can be as sure of its
 drafts for a prompt it predicts badly as for one it predicts well (on the benchmark's mixed workload, drafts with
@@ -107,6 +114,8 @@ class AdaptiveVerifier:
         self.calibrator = calibrator
         self.costs = costs  # set before the first step (the generator profiles it once runners exist)
         self.refine = refine  # refine the costs from measured step times (off for a table the user supplied)
+        self.learns = True  # False in a closed batch that its size's replays do not record: its judged drafts and
+        # step times teach neither the calibrator nor the costs (module docstring)
         self.closed_batch = ClosedBatchSchedule()  # whether and how deep closed batches draft, per size
         self.trims = True  # False in a closed batch under its cap: no allocation (each request verifies what it
         # drafted), every request gets a first draft, and further drafts are priced on the critical path
@@ -131,6 +140,8 @@ class AdaptiveVerifier:
         self._num_drafting = 0  # rows given a first draft this step
         self._gates: dict[int, list] = {}  # log2 rows -> _gated_keep's faded worth and time (s) of its decisions
         # there, and the calls it has passed on since the last
+        self._num_refinements = 0  # steps whose times refined the costs
+        self._priced = None  # what the critical path's rate was last priced for (_price_critical_path)
 
     def begin_step(self, num_reqs: int, num_uncached: int, k_max: int) -> None:
         """A step of num_reqs requests with num_uncached non-draft tokens and at most k_max drafts per request
@@ -141,11 +152,11 @@ class AdaptiveVerifier:
         the best rate known to be reachable drafts more than pays; at 126 rows the last allocation's 4.2 tokens/ms
         against 6 without drafts). Under a closed batch's cap, the critical path's rate (_price_critical_path)."""
         self._drafts = {}
-        self._shape = self.costs.verify_shape(num_reqs)
         self._is_decoding, self._num_drafting = num_uncached == num_reqs, 0
         if not self.trims:
             self._price_critical_path(num_reqs, k_max)
             return
+        self._shape, self._priced = self.costs.verify_shape(num_reqs), None
         bucket = self._batch_size_bucket = num_reqs.bit_length()
         near = min(self._by_batch_size, key=lambda b: (abs(b - bucket), -b), default=None)
         rate, threshold = (self.rate, self.threshold) if near is None else self._by_batch_size[near]
@@ -161,7 +172,13 @@ class AdaptiveVerifier:
         under the cap the rate is one request's: at k_max drafts, 1 + the sum of the positions' survivals (the
         calibrator's acceptance rates multiplied) over a decoding step as spec/tuning.py models it (a step that
         prefills prompts is a one-off, as in begin_step). A draft that does not pay at that rate does not pay for
-        any request; one that does is not cut, so the requests the batch waits on keep theirs."""
+        any request; one that does is not cut, so the requests the batch waits on keep theirs. Priced again only
+        where the size, k_max, the calibration or the costs changed since the last step's: in a batch that does not
+        learn, once per number of requests."""
+        key = (num_reqs, k_max, self.calibrator.version, id(self.costs), self._num_refinements)
+        if key == self._priced:
+            return
+        self._priced, self._shape = key, self.costs.verify_shape(num_reqs)
         rates = (self.calibrator.acceptance_rate(position) for position in range(k_max))
         tokens = 1.0 + sum(itertools.accumulate(rates, operator.mul))
         self.rate = tokens / step_seconds(self.costs, num_reqs, k_max)
@@ -281,6 +298,8 @@ class AdaptiveVerifier:
         """Verified drafts and how many of each request's were accepted; drafts after a rejection are unjudged."""
         positions, raw, accepted = self._judged
         self._step += 1
+        if not self.learns:
+            return
         rows = [row for row, conf in enumerate(confidences) if conf]  # a record without drafts only fades (lazily)
         judged = [min(num_accepted[row] + 1, len(confidences[row])) for row in rows]
         for row, count in zip(rows, judged):
@@ -362,8 +381,9 @@ class AdaptiveVerifier:
         decoding, and at 256 rows such steps had tilted the curve to predict 7 ms for a 32 ms step."""
         extensions, self._extension_times = self._extension_times, []
         self._extension = None  # drafting is over: the time from the last extension on is not a forward's
-        if not self.refine:
+        if not self.refine or not self.learns:
             return
+        self._num_refinements += 1
         if sum(uncached) <= len(uncached):
             self.costs.observe_verify(len(uncached), len(uncached) + sum(num_drafts), 1 + max(num_drafts, default=0),
                                       sum(n > 0 for n in num_drafts), verify_seconds)

@@ -76,9 +76,10 @@ REPLAY_REQUESTS = 64  # a size follows its last batches' replays over at least 6
 REPLAY_MIN_GAIN = 1.005  # a deeper K must replay 0.5% faster than the K offered (module docstring)
 REPLAY_SHARE = 0.005  # once a size's window is full (REPLAY_REQUESTS requests, NUM_BATCHES batches), its replays
 # take at most 0.5% of its closed batches' time: while they have taken more, its drafted batches are not replayed (a
-# recheck always is). A replay costs about 1 ms of numpy at 2 requests, 1.2-1.5% of a batch there (default workload),
-# so about one batch in 3 is replayed; at 256 requests 25 ms of 3-4 s. Not before the window is full: throttled from
-# the start, a benchmark's 27 batches of 2 left 9 in the window, and adaptive verification offered K = 4 where 8 wins
+# recheck always is), and the engine learns nothing from them either (spec/adaptive.py). A replay costs about 1 ms of
+# numpy at 2 requests, 1.2-1.5% of a batch there (default workload), so about one batch in 3 is replayed; at 256
+# requests 25 ms of 3-4 s. Not before the window is full: throttled from the start, a benchmark's 27 batches of 2 left
+# 9 in the window, and adaptive verification offered K = 4 where 8 wins
 
 
 class ClosedBatchSchedule:
@@ -110,6 +111,16 @@ class ClosedBatchSchedule:
             return True
         return self._since_drafted.get(size, 0) + 1 >= self._recheck.get(size, FIRST_RECHECK)
 
+    def records(self, num_reqs: int) -> bool:
+        """Whether the next closed batch of num_reqs requests is replayed if it drafts: until its size's window is
+        full, and at a recheck, always; then while the size's replays have taken at most REPLAY_SHARE of its closed
+        batches' time. The engine learns only from the batches this records (spec/adaptive.py: `learns`)."""
+        size = num_reqs.bit_length()
+        replays = self._replays.get(size)
+        if not replays or not drafting_wins(replays) or not _is_full(replays):
+            return True
+        return self._replay_seconds.get(size, 0.0) <= REPLAY_SHARE * self._batch_seconds.get(size, 0.0)
+
     def observe(self, lengths: list[int], max_lengths: list[int], records: list[RequestAcceptance],
                 timing: BatchTiming, costs: StepCostModel, k_limit: int) -> None:
         """One finished closed batch: each request's completion length, the most it had room for, and its acceptance
@@ -118,16 +129,16 @@ class ClosedBatchSchedule:
         if not lengths or timing.num_steps < 2:
             return
         size = len(lengths).bit_length()
+        recorded = self.records(len(lengths))  # as the engine read it when the batch started
         self._batch_seconds[size] = self._batch_seconds.get(size, 0.0) + timing.seconds
         if not k_limit or not any(record.num_draft_tokens for record in records):
             self._since_drafted[size] = self._since_drafted.get(size, 0) + 1
             return
         self._since_drafted[size] = 0
+        if not recorded:
+            return  # the replays have had their share of the size's time
         replays = self._replays.setdefault(size, deque())
         paid = not replays or drafting_wins(replays)
-        if paid and _is_full(replays) and \
-                self._replay_seconds.get(size, 0.0) > REPLAY_SHARE * self._batch_seconds[size]:
-            return  # the replays have had their share of the size's time
         start = time.perf_counter()  # the trace is part of the replays' share
         trace = Trace(records, lengths)
         replays.append((len(lengths), replayed_seconds(lengths, max_lengths, trace, k_limit, timing, costs)))

@@ -125,9 +125,11 @@ def test_a_size_whose_window_is_full_and_whose_replays_took_their_share_replays_
     assert len(schedule._replays[7]) == NUM_BATCHES
     last = schedule._replays[7][-1]
     three = [record([(4, 3)] * 10)] * len(wide)  # another batch, that would replay otherwise
-    _observe(schedule, wide, drafted=True, costs=flat_costs(0.3), records=three, k_limit=3, seconds=1e-6)
-    assert schedule._replays[7][-1] is last  # the replays took more than their share: not replayed
+    assert not schedule.records(64)  # the replays took more than their share: the engine learns nothing either
     _observe(schedule, wide, drafted=True, costs=flat_costs(0.3), records=three, k_limit=3)  # 1e6 s
+    assert schedule._replays[7][-1] is last  # not replayed, but its time counts: the next batch is
+    assert schedule.records(64) and schedule.records(127) and schedule.records(32)  # (32: no window yet)
+    _observe(schedule, wide, drafted=True, costs=flat_costs(0.3), records=three, k_limit=3, seconds=1e-6)
     assert schedule._replays[7][-1] is not last
     never = [record([(1, 0)] * 40)] * len(wide)  # K = 0 replays fastest; then a recheck is replayed anyway
     for _ in range(NUM_BATCHES):
@@ -137,7 +139,7 @@ def test_a_size_whose_window_is_full_and_whose_replays_took_their_share_replays_
         if schedule.allows_drafting(64):
             break
         _observe(schedule, wide, drafted=False, seconds=1e-6)
-    assert schedule.allows_drafting(64)
+    assert schedule.allows_drafting(64) and schedule.records(64)
     _observe(schedule, wide, drafted=True, costs=flat_costs(0.02), records=three, k_limit=3, seconds=1e-6)
     assert schedule._replays[7][-1][1][3] < 39.0  # the recheck's replay: K = 3 wins
 
@@ -197,6 +199,28 @@ def test_under_its_cap_a_closed_batch_drafts_for_every_request_and_as_deep_as_th
                 assert offered == min(depth, GREEDY.max_tokens - before - 1)
                 before += accepted + 1
         assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
+
+
+def test_a_closed_batch_that_its_sizes_replays_do_not_record_teaches_neither_calibrator_nor_costs(target, draft):
+    prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9]]
+    plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(prompts, 1, GREEDY, use_tqdm=False)
+    generator = _adaptive(target, draft)
+    adaptive = generator.adaptive
+    adaptive.refine = True  # as for measured costs (a supplied table is used as given)
+    for _ in range(-(-REPLAY_REQUESTS // 3)):  # size 3's window fills, its replays far over their share of 1e-6 s
+        _observe(adaptive.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
+                 k_limit=3, seconds=1e-6)
+    assert not adaptive.closed_batch.records(3)
+    for learns in (False, True):
+        observed, costs = adaptive.calibrator.num_observations, adaptive.costs.to_dict()
+        batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
+        assert batch.stats["draft_cap"] == 2 and batch.stats["num_proposed_draft_tokens"] > 0
+        assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
+        assert (adaptive.calibrator.num_observations > observed) == learns
+        assert (adaptive.costs.to_dict() != costs) == learns
+        _observe(adaptive.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
+                 k_limit=3)  # 1e6 s: the replays are within their share again, and the next batch is recorded
+        assert adaptive.closed_batch.records(3)
 
 
 def test_a_batch_larger_than_max_num_seqs_is_not_a_closed_batch(target, draft):
