@@ -278,9 +278,9 @@ def test_draft_extensions_are_timed_from_one_keep_drafting_call_to_the_next(monk
     assert budget.seconds == pytest.approx(0.75 + costs.verify_shape(2).cost(sum(widths), max(widths), 2))
     adaptive.observe_times([1, 1], budget.lengths, budget.seconds - 0.75)
     # One extension of 2 rows in 0.5 s, against 0.2 predicted (bounded to 1.5x that: 0.3); the drafting after the
-    # third call (ended by the step's verification) is not an extension. With the table's 3 points as one observation each, the
-    # least-squares cost = scale x table through (0.2, 0.2), (0.2, 0.2), (0.3, 0.3), (0.2, 0.3) has scale
-    # 0.23 / 0.21 (sum of table x cost over sum of table^2).
+    # third call (ended by the step's verification) is not an extension. With the table's 3 points as one
+    # observation each, the least-squares cost = scale x table through (0.2, 0.2), (0.2, 0.2), (0.3, 0.3),
+    # (0.2, 0.3) has scale 0.23 / 0.21 (sum of table x cost over sum of table^2).
     assert costs.draft_cost([2]) == pytest.approx(0.2 * 23 / 21)
     adaptive.keep_drafting([0], [[0.9]])  # at 11.0: a new step, nothing extended yet
     adaptive.observe_times([1], [0], 1.0)

@@ -55,7 +55,8 @@ def test_a_ragged_step_costs_its_widest_row_in_every_row_less_the_tokens_it_is_s
     # between grid sizes, each curve is read at the same tokens per row, the per-token cost too
     two = StepCostModel.from_dict({"verify": {2: {2: 1.0, 6: 2.0}, 4: {4: 2.0, 12: 4.0}},
                                    "verify_per_token": {2: 0.2, 4: 0.1}}).verify_shape(3)
-    assert two.cost(5, 3, 2) == pytest.approx(0.5 * (2.0 - 0.2 * (6 - 5 * 2 / 3)) + 0.5 * (4.0 - 0.1 * (12 - 5 * 4 / 3)))
+    assert two.cost(5, 3, 2) == pytest.approx(0.5 * (2.0 - 0.2 * (6 - 5 * 2 / 3))
+                                              + 0.5 * (4.0 - 0.1 * (12 - 5 * 4 / 3)))
 
 
 def test_refinement_learns_from_ragged_steps_at_their_padded_cost():
