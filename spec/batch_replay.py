@@ -22,9 +22,9 @@ engine does. It costs the step-cost model's draft forwards over the rows still d
 one a token more per row whose drafts the replay accepted in full the step before), and verifying one token per
 running request plus its drafts, plus the batch's measured time per step outside drafting and verification. Its
 first step (prompts) is the measured one less its drafting and its drafts' verification, plus the replayed drafts'
-forwards and verification, and where it drafts, the drafter's prompt prefill: what the measured first step's
-drafting took beyond its own draft forwards in the model. At K = 0 that is one token per running request per step,
-and no draws.
+forwards and verification. The drafter's prompt prefill, what the measured first step's drafting took beyond its own
+draft forwards in the model, is charged at every K >= 1 by the caller (`prefill_seconds`; spec/closed_batch.py takes
+its median over batches). At K = 0 a step is one token per running request, and there are no draws.
 Replaying K = 0-8 takes about 0.6 ms after a batch of 1 request, 2 ms after one of 16, 25 ms after one of 256
 (2-core CPU).
 """
@@ -138,22 +138,22 @@ def _rates(where: np.ndarray, accepted: np.ndarray, fallback: float | None) -> t
 def replayed_seconds(lengths: list[int], max_lengths: list[int], trace: Trace | None, k_max: int,
                      timing: BatchTiming, costs: StepCostModel) -> list[float]:
     """Mean seconds of REPLAYS replays of the batch with k drafts offered to every running request per step, for
-    k = 0 .. k_max (module docstring); lengths: the completions', max_lengths: the most each request had room for.
-    Every k replays the same draws, so their differences are not the draws' noise."""
+    k = 0 .. k_max, less the drafter's prompt prefill (module docstring); lengths: the completions', max_lengths: the
+    most each request had room for. Every k replays the same draws, so their differences are not the draws' noise."""
     lengths, max_lengths = np.asarray(lengths), np.asarray(max_lengths)
     running = np.arange(lengths.max()) < lengths[:, None]  # without drafts, one token a step
     none = np.zeros(running.shape, dtype=np.int64)[None, None]
     seconds = _seconds(running[None, None], none, none, timing, costs)
     if k_max:
         accepted = trace.draws(REPLAYS, np.random.default_rng(_SEED))
-        seconds += _seconds(*_steps(accepted, lengths, max_lengths, k_max), timing, costs,
-                            _prefill_seconds(trace.first_drafts, timing, costs))
+        seconds += _seconds(*_steps(accepted, lengths, max_lengths, k_max), timing, costs)
     return seconds
 
 
-def _prefill_seconds(first_drafts: np.ndarray, timing: BatchTiming, costs: StepCostModel) -> float:
+def prefill_seconds(trace: Trace, timing: BatchTiming, costs: StepCostModel) -> float:
     """The measured first step's drafting beyond what its draft forwards cost in the model: the drafter prefills the
-    prompts there (at 256 requests that is most of the step's drafting), at any K; 0 where it drafted nothing."""
+    prompts there (at 256 requests that is most of the step's drafting), at any K >= 1; 0 where it drafted nothing."""
+    first_drafts = trace.first_drafts
     if not first_drafts.any():
         return 0.0
     forward = costs.draft_forward_costs(len(first_drafts))
@@ -194,20 +194,19 @@ def _steps(accepted: np.ndarray, lengths: np.ndarray, max_lengths: np.ndarray, k
         steps_drafts.append(drafts)
 
 
-def _seconds(running: np.ndarray, drafts: np.ndarray, wide: np.ndarray, timing: BatchTiming, costs: StepCostModel,
-             prefill_seconds: float = 0.0) -> list[float]:
+def _seconds(running: np.ndarray, drafts: np.ndarray, wide: np.ndarray, timing: BatchTiming,
+             costs: StepCostModel) -> list[float]:
     """Per k, the mean seconds of the replays of the steps given by running, drafts and wide ([k, draw, request,
-    step]): the measured first step, less its own drafts' verification, plus its replayed drafts' forwards (the
-    drafter's prompt prefill, prefill_seconds, on top) and verification; then each step's draft forwards (the first
-    one a token per row, and another per wide row), verification and measured time outside both."""
+    step]): the measured first step, less its own drafts' verification, plus its replayed drafts' forwards and
+    verification; then each step's draft forwards (the first one a token per row, and another per wide row),
+    verification and measured time outside both."""
     num_reqs = running.shape[2]
     forward = np.array([0.0, *costs.draft_forward_costs(2 * num_reqs)])  # [m]: one draft forward of m tokens
     rows, tokens = running.sum(2), (running + drafts).sum(2)  # [k, draw, step]
     drafting = sum((forward[(drafts >= depth).sum(2) + (wide.sum(2) if depth == 1 else 0)]
                     for depth in range(1, int(drafts.max()) + 1)), np.zeros(rows.shape))
     own_drafts = costs.verify_cost(num_reqs, num_reqs + timing.first_step_drafts)
-    first = [timing.first_step_seconds + drafted + (prefill_seconds if drafted else 0.0)
-             + costs.verify_cost(num_reqs, verified) - own_drafts
+    first = [timing.first_step_seconds + drafted + costs.verify_cost(num_reqs, verified) - own_drafts
              for drafted, verified in zip(drafting[:, 0, 0].tolist(), tokens[:, 0, 0].tolist())]
     later = rows[..., 1:] > 0
     width = int(tokens.max()) + 1

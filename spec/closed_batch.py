@@ -22,7 +22,13 @@ batch's measured first step, and a forward that feeds a row 2 tokens where its d
 replayed 5-15% ahead of no drafts, where paired runs put it 3-9% ahead; mixed: 2-7% ahead, where no drafts ran 4%
 ahead). With them, K = 0 replayed 3-4% ahead on the mixed workload, and K = 3-4 1-10% ahead of it on the default one
 (paired runs: K = 1 and 3 4-5% ahead; K = 1 replays about 4% behind K = 3 there, the 2-token rows priced as whole
-rows). The verdict before this one was measured (each batch's time over its replay without drafts, the median of the
+rows). The prefill is the one measured time that the replays charge to drafting alone, so a size's window charges
+every batch its median per request over the window's batches, not the batch's own: one stall of the machine in a
+first step's drafting (a pause of 1.5-2 s, seen in a benchmark run at 1 request, where a batch takes 0.1 s) made
+K = 0 replay fastest by far, and with the stalled batch kept among a size's last 64 requests, where only rechecks
+draft, 26 of the next 51 closed batches of 1 request went undrafted (2 s injected by hand, mixed workload; none
+with the median; in that benchmark run schedule + adaptive ran at 0.48 of K = 8 over all 128 repeats of its second
+stage). The verdict before this one was measured (each batch's time over its replay without drafts, the median of the
 last 3 drafted batches against the last 3 undrafted): on a noisy 2-core VM, where one batch of 256 takes 2.2-3.1 s
 for the same work, it flipped between drafting and not, and the adaptive arms ran at 0.83-0.85 of K = 1 there.
 
@@ -56,10 +62,12 @@ took 8.9). A size with no drafted batch of its own is not capped: the per-step p
 start its replays.
 """
 
+import statistics
 import time
 from collections import deque
+from typing import NamedTuple
 
-from spec.batch_replay import BatchTiming, Trace, replayed_seconds
+from spec.batch_replay import BatchTiming, Trace, prefill_seconds, replayed_seconds
 from spec.metrics import RequestAcceptance
 from spec.step_cost import StepCostModel
 from spec.tuning import smallest_k_within
@@ -82,12 +90,19 @@ REPLAY_SHARE = 0.005  # once a size's window is full (REPLAY_REQUESTS requests, 
 # 9 in the window, and adaptive verification offered K = 4 where 8 wins
 
 
+class Replay(NamedTuple):
+    """A drafted closed batch's replays: its requests, its seconds at K = 0, 1, .. less the drafter's prompt prefill,
+    and that prefill as measured (spec/batch_replay.py)."""
+    num_reqs: int
+    seconds: list[float]
+    prefill: float = 0.0
+
+
 class ClosedBatchSchedule:
     """Per batch size, whether closed batches draft, and the K they offer every request (module docstring)."""
 
     def __init__(self):
-        # log2 batch size -> its last drafted batches' sizes and replayed seconds at K = 0, 1, ..
-        self._replays: dict[int, deque[tuple[int, list[float]]]] = {}
+        self._replays: dict[int, deque[Replay]] = {}  # log2 batch size -> its last drafted batches' replays
         self._batch_seconds: dict[int, float] = {}  # its closed batches' seconds
         self._replay_seconds: dict[int, float] = {}  # its replays' seconds
         self._since_drafted: dict[int, int] = {}  # closed batches of that size run without drafts since one drafted
@@ -141,7 +156,8 @@ class ClosedBatchSchedule:
         paid = not replays or drafting_wins(replays)
         start = time.perf_counter()  # the trace is part of the replays' share
         trace = Trace(records, lengths)
-        replays.append((len(lengths), replayed_seconds(lengths, max_lengths, trace, k_limit, timing, costs)))
+        replays.append(Replay(len(lengths), replayed_seconds(lengths, max_lengths, trace, k_limit, timing, costs),
+                              prefill_seconds(trace, timing, costs)))
         self._replay_seconds[size] = self._replay_seconds.get(size, 0.0) + time.perf_counter() - start
         while _is_full(list(replays)[1:]):  # the oldest batch is not needed to keep the window full
             replays.popleft()
@@ -152,8 +168,8 @@ class ClosedBatchSchedule:
 
 
 def drafting_wins(replays) -> bool:
-    """Whether some K >= 1 replayed faster than K = 0, summed over the batches ((num_reqs, seconds at K = 0, 1, ..)
-    each, up to the least K any of them was allowed)."""
+    """Whether some K >= 1 replayed faster than K = 0, summed over the batches (Replay each, up to the least K any of
+    them was allowed)."""
     totals = _totals(replays)
     return min(totals[1:]) < totals[0]
 
@@ -167,8 +183,13 @@ def best_k(replays) -> int:
 
 def _is_full(replays) -> bool:
     """Whether a size's window holds enough batches and requests (NUM_BATCHES, REPLAY_REQUESTS)."""
-    return len(replays) >= NUM_BATCHES and sum(n for n, _ in replays) >= REPLAY_REQUESTS
+    return len(replays) >= NUM_BATCHES and sum(replay.num_reqs for replay in replays) >= REPLAY_REQUESTS
 
 
 def _totals(replays) -> list[float]:
-    return [sum(seconds) for seconds in zip(*(seconds for _, seconds in replays))]
+    """Seconds at K = 0, 1, .. summed over the batches, every K >= 1 charged the drafter's prompt prefill at the
+    batches' median per request (module docstring)."""
+    per_request = statistics.median(replay.prefill / replay.num_reqs for replay in replays)
+    prefill = per_request * sum(replay.num_reqs for replay in replays)
+    totals = [sum(seconds) for seconds in zip(*(replay.seconds for replay in replays))]
+    return totals[:1] + [total + prefill for total in totals[1:]]

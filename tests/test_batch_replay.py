@@ -5,7 +5,8 @@ import pytest
 
 from replay_testing import COSTS, flat_costs, record
 from spec import RequestAcceptance
-from spec.batch_replay import ACCEPTED as A, PRIOR, REJECTED as R, UNSEEN as U, BatchTiming, Trace, replayed_seconds
+from spec.batch_replay import ACCEPTED as A, PRIOR, REJECTED as R, UNSEEN as U, BatchTiming, Trace, \
+    prefill_seconds, replayed_seconds
 
 STEPS = flat_costs(1e-9)  # draft forwards next to free: a replay's seconds count its steps
 
@@ -116,14 +117,15 @@ def _never(lengths: list[int]) -> Trace:
 
 def test_a_replay_with_sure_drafts_emits_k_plus_one_tokens_a_step():
     # K = 1, every draft accepted: 2 tokens a step, so the requests of 4, 1, 4, 2 tokens run 2, 1, 2, 1 steps. The
-    # first step drafted 1 s, where one draft forward of its 4 rows reads 0.2: the 0.8 beyond (the drafter's prompt
-    # prefill) is charged at every K. The second step's 2 rows had all their drafts accepted: the drafter is fed 2
-    # tokens in each, a forward of 4 tokens.
-    prefill = 1.0 - COSTS.draft_cost([4])
-    first = 4.0 + prefill + COSTS.draft_cost([4]) + COSTS.verify_cost(4, 8) - COSTS.verify_cost(4, 4)
+    # first step drafted 1 s, where one draft forward of its 4 rows reads 0.2: the 0.8 beyond is the drafter's prompt
+    # prefill, left to the caller to charge at every K >= 1. The second step's 2 rows had all their drafts accepted:
+    # the drafter is fed 2 tokens in each, a forward of 4 tokens.
+    first = 4.0 + COSTS.draft_cost([4]) + COSTS.verify_cost(4, 8) - COSTS.verify_cost(4, 4)
     expected = first + 0.5 + COSTS.verify_cost(2, 4) + COSTS.draft_cost([4])
     lengths = [4, 1, 4, 2]
     assert replayed_seconds(lengths, [9] * 4, _sure(lengths), 1, _timing(), COSTS)[1] == pytest.approx(expected)
+    assert prefill_seconds(_sure(lengths), _timing(), COSTS) == pytest.approx(1.0 - COSTS.draft_cost([4]))
+    assert prefill_seconds(_sure(lengths), _timing(first_draft=0.1), COSTS) == 0.0  # never below the model's
 
 
 def test_drafts_that_always_fail_replay_slower_and_sure_ones_faster():
@@ -142,8 +144,7 @@ def test_drafts_that_always_fail_replay_slower_and_sure_ones_faster():
 ])
 def test_a_request_drafts_no_more_than_its_room_allows_nor_past_a_drafted_stop(steps, room, num_drafts):
     # a request of 3 tokens at K = 8, in one step: num_drafts forwards of 1 row, and their verification (the first
-    # step drafted 3 times, 0.3 s in the model: the 0.7 s more it took is the prompt's prefill, at every K)
+    # step drafted 3 times, 0.3 s in the model: the 0.7 s more it took is the prompt's prefill, not replayed)
     first = COSTS.draft_cost([1] * num_drafts) + COSTS.verify_cost(1, 1 + num_drafts) - COSTS.verify_cost(1, 1)
-    prefill = 1.0 - COSTS.draft_cost([1] * 3)
     assert replayed_seconds([3], [room], Trace([record(steps)], [3]), 8, _timing(), COSTS)[8] == \
-        pytest.approx(4.0 + prefill + first)
+        pytest.approx(4.0 + first)

@@ -8,8 +8,8 @@ from replay_testing import COSTS, flat_costs, record
 from rollout import RolloutGenerator, SamplingParams
 from spec import RequestAcceptance, StepCostModel
 from spec.batch_replay import BatchTiming
-from spec.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, REPLAY_REQUESTS, ClosedBatchSchedule, best_k, \
-    drafting_wins
+from spec.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, REPLAY_REQUESTS, ClosedBatchSchedule, Replay, \
+    best_k, drafting_wins
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
@@ -79,7 +79,7 @@ LONG = [40] * 4
 def test_a_size_offers_the_k_its_replays_found_fastest():
     schedule = ClosedBatchSchedule()
     _observe(schedule, LONG, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE, k_limit=3)
-    assert schedule._replays[3][0] == (4, [pytest.approx(s) for s in (39.0, 34.1, 21.1, 25.0)])
+    assert schedule._replays[3][0] == (4, [pytest.approx(s) for s in (39.0, 34.1, 21.1, 25.0)], 0.0)
     assert schedule.k_max(4) == 2 and schedule.k_max(7) == 2
     assert schedule.k_max(8) is None and schedule.k_max(3) is None  # other powers of two have no batch yet: no cap
     for _ in range(REPLAY_REQUESTS // len(LONG)):  # their third drafts are accepted
@@ -103,17 +103,29 @@ def test_a_size_offers_the_k_its_replays_found_fastest():
 def test_a_k_the_fastest_replay_beats_by_less_than_min_gain_is_offered_where_it_is_smaller_but_drafting_needs_a_win():
     # seconds at K = 0 .. 3, summed over the window's batches: K = 3 is fastest, K = 2 within 0.5% of it over two
     # batches (8.02 + 8.02 against 8.0 + 7.99: 0.3%; REPLAY_MIN_GAIN is 0.5%), K = 1 not (1.2%)
-    window = [(4, [10.0, 8.1, 8.02, 8.0]), (4, [10.0, 8.1, 8.02, 7.99])]
+    window = [Replay(4, [10.0, 8.1, 8.02, 8.0]), Replay(4, [10.0, 8.1, 8.02, 7.99])]
     assert best_k(window) == 2 and drafting_wins(window)
-    assert best_k([(4, [10.0, 8.2, 8.1, 8.0])]) == 3  # 1.25% behind: the deeper K is worth it
+    assert best_k([Replay(4, [10.0, 8.2, 8.1, 8.0])]) == 3  # 1.25% behind: the deeper K is worth it
     # Whether to draft takes no margin: a verdict for K = 0 is not replayed again until its recheck
-    assert drafting_wins([(64, [10.0, 9.95, 9.99])]) and best_k([(64, [10.0, 9.95, 9.99])]) == 1
-    assert not drafting_wins([(64, [10.0, 10.01, 10.2])])
+    assert drafting_wins([Replay(64, [10.0, 9.95, 9.99])]) and best_k([Replay(64, [10.0, 9.95, 9.99])]) == 1
+    assert not drafting_wins([Replay(64, [10.0, 10.01, 10.2])])
     schedule = ClosedBatchSchedule()
-    schedule._replays[7] = deque([(64, [10.0, 9.95, 9.99])])
+    schedule._replays[7] = deque([Replay(64, [10.0, 9.95, 9.99])])
     assert schedule.k_max(64) == 1
-    schedule._replays[7] = deque([(64, [10.0, 10.01, 10.2])])
+    schedule._replays[7] = deque([Replay(64, [10.0, 10.01, 10.2])])
     assert schedule.k_max(64) == 0
+
+
+def test_a_stall_in_one_batchs_prompt_prefill_does_not_turn_drafting_off():
+    # Batches of 1 request whose drafting replays well ahead of K = 0 (0.06 s at K = 2 against 0.1), the drafter's
+    # prompt prefill measured at 0.005 s, in one batch at 2 s (the machine stalled there). Charged its own, that batch
+    # alone would put K = 0 ahead over the three (2.2 s against 0.3); each is charged the window's median per request
+    steady, stalled = Replay(1, [0.1, 0.08, 0.06], 0.005), Replay(1, [0.1, 0.08, 0.06], 2.0)
+    assert drafting_wins([steady, stalled, steady]) and best_k([steady, stalled, steady]) == 2
+    assert drafting_wins([stalled, steady, steady])  # the first batch of a size no more than a later one
+    # per request: a batch of 4 whose prefill took 4 times one of 1 is charged alike
+    assert best_k([Replay(4, [0.4, 0.33, 0.3], 0.02), stalled, steady]) == 2
+    assert not drafting_wins([stalled, stalled, steady])  # a prefill dear in most batches counts
 
 
 def test_a_size_whose_window_is_full_and_whose_replays_took_their_share_replays_no_more_batches_but_its_rechecks():
