@@ -95,7 +95,7 @@ class Replay(NamedTuple):
     and that prefill as measured (spec/batch_replay.py)."""
     num_reqs: int
     seconds: list[float]
-    prefill: float = 0.0
+    prefill: float
 
 
 class ClosedBatchSchedule:

@@ -103,16 +103,16 @@ def test_a_size_offers_the_k_its_replays_found_fastest():
 def test_a_k_the_fastest_replay_beats_by_less_than_min_gain_is_offered_where_it_is_smaller_but_drafting_needs_a_win():
     # seconds at K = 0 .. 3, summed over the window's batches: K = 3 is fastest, K = 2 within 0.5% of it over two
     # batches (8.02 + 8.02 against 8.0 + 7.99: 0.3%; REPLAY_MIN_GAIN is 0.5%), K = 1 not (1.2%)
-    window = [Replay(4, [10.0, 8.1, 8.02, 8.0]), Replay(4, [10.0, 8.1, 8.02, 7.99])]
+    window = [Replay(4, [10.0, 8.1, 8.02, 8.0], 0.0), Replay(4, [10.0, 8.1, 8.02, 7.99], 0.0)]
     assert best_k(window) == 2 and drafting_wins(window)
-    assert best_k([Replay(4, [10.0, 8.2, 8.1, 8.0])]) == 3  # 1.25% behind: the deeper K is worth it
+    assert best_k([Replay(4, [10.0, 8.2, 8.1, 8.0], 0.0)]) == 3  # 1.25% behind: the deeper K is worth it
     # Whether to draft takes no margin: a verdict for K = 0 is not replayed again until its recheck
-    assert drafting_wins([Replay(64, [10.0, 9.95, 9.99])]) and best_k([Replay(64, [10.0, 9.95, 9.99])]) == 1
-    assert not drafting_wins([Replay(64, [10.0, 10.01, 10.2])])
+    assert drafting_wins([Replay(64, [10.0, 9.95, 9.99], 0.0)]) and best_k([Replay(64, [10.0, 9.95, 9.99], 0.0)]) == 1
+    assert not drafting_wins([Replay(64, [10.0, 10.01, 10.2], 0.0)])
     schedule = ClosedBatchSchedule()
-    schedule._replays[7] = deque([Replay(64, [10.0, 9.95, 9.99])])
+    schedule._replays[7] = deque([Replay(64, [10.0, 9.95, 9.99], 0.0)])
     assert schedule.k_max(64) == 1
-    schedule._replays[7] = deque([Replay(64, [10.0, 10.01, 10.2])])
+    schedule._replays[7] = deque([Replay(64, [10.0, 10.01, 10.2], 0.0)])
     assert schedule.k_max(64) == 0
 
 
