@@ -9,7 +9,8 @@ With adaptive verification (spec/adaptive.py) the proposal is trimmed per reques
 after it the judged drafts teach the calibrator and the measured times refine the step-cost model. A run whose
 requests all start at its first step (a closed batch) offers every request up to the K that replaying the last
 ones of its size found fastest, 0 included (spec/closed_batch.py), drafting as deep as its critical path pays
-(spec/adaptive.py); its outcome is replayed in turn, and it teaches the calibrator and the cost model, where its
+(spec/adaptive.py); its outcome is replayed in turn (a draft model reveals what its drafts would have done where
+none was verified: Proposal.revealed), and it teaches the calibrator and the cost model, where its
 size's replays record it (ClosedBatchSchedule.records).
 """
 
@@ -156,9 +157,11 @@ class Engine:
 
     def _commit(self, requests: list[Request], proposal: Proposal, result: VerifyResult) -> list[Request]:
         finished = []
-        for request, drafts, tokens, logprobs, num_accepted in zip(
-                requests, proposal.token_ids, result.token_ids, result.logprobs, result.num_accepted):
+        revealed = proposal.revealed or [{}] * len(requests)
+        for request, drafts, tokens, logprobs, num_accepted, outcomes in zip(
+                requests, proposal.token_ids, result.token_ids, result.logprobs, result.num_accepted, revealed):
             request.acceptance.observe(len(drafts), num_accepted)
+            request.acceptance.revealed.update(outcomes)
             # any() stops at the first token that finishes the request: tokens after a stop are dropped
             if any(request.append(t, lp, self.max_model_len) for t, lp in zip(tokens, logprobs)):
                 self._finish(request)
@@ -195,7 +198,8 @@ class Engine:
         self.draft_cap = schedule.k_max(len(batch)) if is_closed else None
         if self.adaptive is not None:  # no per-step allocation under a closed batch's cap (spec/closed_batch.py)
             self.adaptive.trims = self.draft_cap is None
-            self.adaptive.learns = not is_closed or schedule.records(len(batch))
+            self.adaptive.traced = is_closed and schedule.records(len(batch))
+            self.adaptive.learns = not is_closed or self.adaptive.traced
         self.timing = BatchTiming()
         while self.has_unfinished:
             for request in self.step():
@@ -213,7 +217,7 @@ def _trim(proposal: Proposal, lengths: list[int]) -> Proposal:
     if lengths == proposal.num_draft_tokens:
         return proposal
     return Proposal(_cut(proposal.token_ids, lengths), _cut(proposal.confidence, lengths),
-                    None if proposal.draft_probs is None else _cut(proposal.draft_probs, lengths))
+                    None if proposal.draft_probs is None else _cut(proposal.draft_probs, lengths), proposal.revealed)
 
 
 def _cut(rows: list, lengths: list[int]) -> list:

@@ -72,7 +72,8 @@ class RolloutGenerator:
         self.proposer = None if self.config is None else build_proposer(
             self.config, draft_model=self.draft_model, max_num_seqs=max_num_seqs,
             max_model_len=self.max_model_len, device=self.device, dtype=self.dtype,
-            keep_drafting=None if self.adaptive is None else self.adaptive.keep_drafting)
+            keep_drafting=None if self.adaptive is None else self.adaptive.keep_drafting,
+            reveal=None if self.adaptive is None else lambda: self.adaptive.traced)
         self._cost_key = None  # the disk-cache key of measured step costs (measure_step_costs)
         self._cost_saved_at = time.monotonic()
         if self.adaptive is not None:

@@ -117,6 +117,8 @@ class AdaptiveVerifier:
         self.learns = True  # False in a closed batch that its size's replays do not record: its judged drafts and
         # step times teach neither the calibrator nor the costs (module docstring)
         self.closed_batch = ClosedBatchSchedule()  # whether and how deep closed batches draft, per size
+        self.traced = False  # the run is a closed batch that its size's replays record: a draft-model drafter
+        # reveals the outcomes at positions that verify no draft (spec/proposers/draft_model.py)
         self.trims = True  # False in a closed batch under its cap: no allocation (each request verifies what it
         # drafted), every request gets a first draft, and further drafts are priced on the critical path
         # (begin_step); observe hands the calibrator the judged drafts, and the draft extensions are timed as ever

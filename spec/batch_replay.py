@@ -7,14 +7,20 @@ the batch verified there was accepted or rejected, or that it verified none ther
 all accepted, a step that offered none). A replayed step at K from position s accepts the drafts from s up to the
 first rejected one, at most K, and emits one token more: the drafter's draft at a position depends on the tokens
 before it, which the replay keeps, not on where its step began (so for a draft model, where the arms of the benchmark
-agreed on every position both verified; an n-gram drafter's continuation can differ). Unseen positions are drawn,
-REPLAYS times, at their chances under a two-state Markov chain along each completion (Trace.unseen_acceptance), by
-systematic sampling (Trace.draws). Where the batch offered K drafts every step, the replay at K takes its own steps;
-at another it finds the runs of easy tokens where the batch found them. Measured on identical completions (benchmark
-workloads, 16 and 64 requests), from batches run at K = 8 the replays found the steps of K = 1, 2 and 4 within 0.6%
-and their verified tokens within 1%; from K = 4, the steps of K = 8 within 2%, but 6% high at 16 requests on the
-default workload, where 1 position in 5 is drawn. Resampling whole steps instead (an earlier replay) ran up to 14%
-too many steps from batches run at K = 8, and charged up to 25% too many verified tokens at K = 8.
+agreed on every position both verified; an n-gram drafter's continuation can differ). A draft-model drafter
+drafting greedily reveals the outcome at the positions that verified no draft but the completion's last
+(RequestAcceptance.revealed, spec/proposers/draft_model.py): in adaptive verification's closed batches, 11.5% of
+positions were unseen without it and 0.1% with it (default workload, 8 requests; mixed, 16: 33.7% and 0.9%), and
+every revealed outcome at a position that static K = 8 verified on the same completions was the one it found (8,920
+of 8,920). Positions still unseen (other drafters, sampled drafts) are drawn, REPLAYS times, at their chances under a
+two-state Markov chain along each completion (Trace.unseen_acceptance), by systematic sampling (Trace.draws). Where
+the batch offered K drafts every step, the replay at K takes its own steps; at another it finds the runs of easy
+tokens where the batch found them. Measured on identical completions (benchmark workloads, 16 and 64 requests), from
+batches run at K = 8 the replays found the steps of K = 1, 2 and 4 within 0.6% and their verified tokens within 1%;
+from K = 4, drawing, the steps of K = 8 within 2%, but 6% high at 16 requests on the default workload, where 1
+position in 5 is drawn (with the outcomes K = 8 verified filled in: exact). Resampling whole steps instead (an
+earlier replay) ran up to 14% too many steps from batches run at K = 8, and charged up to 25% too many verified
+tokens at K = 8.
 
 A replayed step drafts, for each running request, K drafts or as many as its room allows if fewer (max_tokens and
 max_model_len: k drafts emit up to k + 1 tokens), and none past its stop token where the drafter drafted it, as the
@@ -71,8 +77,8 @@ class BatchTiming:
 
 
 class Trace:
-    """Per request and completion position: whether the draft the batch verified there was accepted or rejected, or
-    that it verified none there (module docstring)."""
+    """Per request and completion position: whether the draft the batch verified there was accepted or rejected (or
+    would have been, where the drafter revealed it), or that it verified none there (module docstring)."""
 
     def __init__(self, records: list[RequestAcceptance], lengths: list[int]):
         self.outcomes = np.full((len(records), max(lengths)), UNSEEN, dtype=np.int8)
@@ -84,6 +90,8 @@ class Trace:
                 if accepted < offered and start + accepted < len(row):
                     row[start + accepted] = REJECTED
                 start += accepted + 1
+            for position, was_accepted in record.revealed.items():  # positions that verified no draft
+                row[position] = ACCEPTED if was_accepted else REJECTED
 
     def unseen_acceptance(self) -> np.ndarray:
         """[request, position]: the chance a draft at the position would be accepted, where no draft was verified.

@@ -43,14 +43,19 @@ margin on it, most closed batches of 64 on the default workload went undrafted i
 schedule's K = 4, paired).
 The replays take each batch's own steps at the K it ran and find, from its trace, the steps and verified tokens of
 the others within 2% (default and mixed workloads, 16 and 64 requests, from batches run at K = 4 and 8), but for K =
-8 from K = 4 at 16 requests on the default workload (6% too many steps); an earlier replay that resampled whole
-steps priced K = 8 8-14% high relative to K = 4, and the largest K within 5% of the best was offered to make up for
-it. What is left is the step-cost model's error from one K's steps to another's (mixed workload, 8 requests: the
-replays priced K = 2's own batches 2.3% above their measured time and K = 3's within 0.2%). Correcting each cap's
-replays by its own batches' measured over replayed seconds was tried and dropped: one batch's ratio ranged 0.85-1.37
-at 64 requests on the default workload (24 batches), so the median of a cap's last 3-8 moved its K by 3-4% on a
-single batch, more than the error it was to correct, and the offer switched between K = 3, 4 and 5 (benchmark at 64:
-0.92 of the best other arm, confirmed, against 0.99 in the run before).
+8 from K = 4 at 16 requests on the default workload (6% too many steps). That was from drawing the positions that
+verified no draft; a draft-model drafter now reveals them (spec/proposers/draft_model.py), and from batches run at
+K = 4, 5 and 8 (8 requests, 40 batches each) the replays put K = 4 and 5 at 1.018-1.019 and 1.003 of K = 8 whichever
+K ran, against 1.020 and 0.999 measured. Where a size's batches ran a K below the best, drawing had also kept them
+there: at 64 requests on the default workload closed batches offered K = 3 in 14 of 16 batches, drawing, and K = 4 in
+12 of 16, revealing, 4.5% faster in total (median 4.0%; paired, one process; static K = 4 led there). An earlier
+replay that resampled whole steps priced K = 8 8-14% high relative to K = 4, and the largest K within 5% of the best
+was offered to make up for it. What is left is the step-cost model's error from one K's steps to another's (mixed
+workload, 8 requests: the replays priced K = 2's own batches 2.3% above their measured time and K = 3's within
+0.2%). Correcting each cap's replays by its own batches' measured over replayed seconds was tried and dropped: one
+batch's ratio ranged 0.85-1.37 at 64 requests on the default workload (24 batches), so the median of a cap's last
+3-8 moved its K by 3-4% on a single batch, more than the error it was to correct, and the offer switched between
+K = 3, 4 and 5 (benchmark at 64: 0.92 of the best other arm, confirmed, against 0.99 in the run before).
 Under the cap every request gets a first draft, and a further draft only where it pays on the batch's critical path
 (spec/adaptive.py: priced at one request's tokens per second, not the batch's), not where the per-step policy's
 allocation would admit it: trimming at the batch's rate is what loses in a closed batch. It cuts the drafts of the

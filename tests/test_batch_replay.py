@@ -34,6 +34,21 @@ def test_the_trace_marks_each_position_accepted_rejected_or_unseen():
     assert (Trace([record([(0, 0)] * 3), RequestAcceptance()], [3, 1]).outcomes == U).all()
 
 
+def test_revealed_positions_are_seen_and_replayed_as_they_would_have_gone():
+    # 2 of 2 accepted, the token after them revealed accepted; 1 of 1; no drafts for two steps, revealed rejected and
+    # accepted; then the completion's last token, unseen
+    steps = [(2, 2), (1, 1), (0, 0), (0, 0), (1, 0)]
+    revealed = record(steps)
+    revealed.revealed.update({2: True, 5: False, 6: True})
+    trace = Trace([revealed], [9])
+    assert trace.outcomes.tolist() == [[A, A, A, A, U, R, A, R, U]]
+    assert (Trace([record(steps)], [9]).outcomes == U).sum() == 5  # without them
+    # the rates count them: position 8 follows a rejection and reads the rate over all seen positions, 5 of 7
+    # (with the batch's, the same, at weight PRIOR), where without them it read 3 of 4 (positions 0, 1, 3, 7)
+    assert trace.unseen_acceptance()[0, 8] == pytest.approx(5 / 7)
+    assert Trace([record(steps)], [9]).unseen_acceptance()[0, 8] == pytest.approx(3 / 4)
+
+
 def test_an_unseen_position_after_an_accepted_draft_reads_the_chain_s_posterior():
     # A A U A R R A A U R U, the same in every request (so each one's rates are the batch's). Seen: 5 of 8 accepted;
     # after an accepted draft 2 of 3 (f), after a rejected one 1 of 2 (g). Position 2 lies between two accepted

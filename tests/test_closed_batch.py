@@ -3,11 +3,12 @@
 from collections import deque
 
 import pytest
+import torch
 
 from replay_testing import COSTS, flat_costs, record
 from rollout import RolloutGenerator, SamplingParams
 from spec import RequestAcceptance, StepCostModel
-from spec.batch_replay import BatchTiming
+from spec.batch_replay import UNSEEN, BatchTiming, Trace
 from spec.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, REPLAY_REQUESTS, ClosedBatchSchedule, Replay, \
     best_k, drafting_wins
 
@@ -228,11 +229,37 @@ def test_a_closed_batch_that_its_sizes_replays_do_not_record_teaches_neither_cal
         batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
         assert batch.stats["draft_cap"] == 2 and batch.stats["num_proposed_draft_tokens"] > 0
         assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
-        assert (adaptive.calibrator.num_observations > observed) == learns
+        assert (adaptive.calibrator.num_observations > observed) == learns == adaptive.traced
         assert (adaptive.costs.to_dict() != costs) == learns
         _observe(adaptive.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
                  k_limit=3)  # 1e6 s: the replays are within their share again, and the next batch is recorded
         assert adaptive.closed_batch.records(3)
+
+
+def test_a_closed_batchs_trace_holds_the_outcomes_its_drafter_revealed_where_it_verified_no_draft(target):
+    # The target drafting for itself, sampled: its greedy drafts are accepted at their probability, often but not
+    # always. Where a step's drafts were all accepted, the position after them verified none; the drafter's next
+    # forward reveals whether its draft there would have been accepted: whether the target's argmax there, from the
+    # committed tokens before it (one HF forward over the completion), is the committed token.
+    prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9], [2, 8, 2, 8]]
+    params = SamplingParams(temperature=1.0, max_tokens=40, seed=3)
+    generator = _adaptive(target, target)
+    schedule, records = generator.adaptive.closed_batch, []
+    observe = schedule.observe
+    schedule.observe = lambda lengths, max_lengths, batch_records, *rest, **kw: (
+        records.extend(batch_records), observe(lengths, max_lengths, batch_records, *rest, **kw))
+    samples = generator.generate(prompts, 1, params, use_tqdm=False).samples
+    revealed, expected = [], []
+    for sample, record in zip(samples, records):
+        with torch.no_grad():
+            argmax = target(torch.tensor([sample.prompt_ids + sample.completion_ids])).logits[0].argmax(-1).tolist()
+        start = len(sample.prompt_ids) - 1  # the logit that predicts the completion's first token
+        revealed += [record.revealed[p] for p in sorted(record.revealed)]
+        expected += [argmax[start + p] == sample.completion_ids[p] for p in sorted(record.revealed)]
+    assert revealed == expected and len(revealed) >= 5 and set(revealed) == {True, False}
+    # what is left unseen is at most each completion's last token (it ends the request: nothing drafts after it)
+    outcomes = Trace(records, [len(s.completion_ids) for s in samples]).outcomes
+    assert sum((row[:len(s.completion_ids)] == UNSEEN).sum() for row, s in zip(outcomes, samples)) <= len(samples)
 
 
 def test_a_batch_larger_than_max_num_seqs_is_not_a_closed_batch(target, draft):

@@ -41,11 +41,16 @@ class Proposal:
         that the drafts before it were (draft-model probability, match frequency, ...).
     draft_probs: None when drafts are point proposals (q is one-hot at the draft token); otherwise, per
         request, the processed draft distribution each draft was sampled from, [len(token_ids[i]), vocab].
+    revealed: optional, per request, completion position -> whether the drafter's draft there would have been
+        accepted, at committed positions where no draft was verified (a draft-model drafter's forward over them
+        predicts each; for a point proposal, accepted means the emitted token is the draft). Closed-batch replays
+        read them instead of guessing (spec/batch_replay.py).
     """
 
     token_ids: list[list[int]]
     confidence: list[list[float]]
     draft_probs: list[torch.Tensor] | None = None
+    revealed: list[dict[int, bool]] | None = None
 
     @property
     def num_draft_tokens(self) -> list[int]:
@@ -67,6 +72,9 @@ class Proposal:
         if self.draft_probs is not None and any(
                 p.shape[0] != len(t) for p, t in zip(self.draft_probs, self.token_ids)):
             raise ValueError(f"{source}: draft_probs must have one row per draft token of each request")
+        if self.revealed is not None and len(self.revealed) != len(max_num_tokens):
+            raise ValueError(f"{source}: proposal has {len(self.revealed)} revealed dicts for {len(max_num_tokens)} "
+                             "requests; return one per request, or revealed=None")
 
 
 class Proposer(Protocol):

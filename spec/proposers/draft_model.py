@@ -14,12 +14,24 @@ holds. A step for requests with k > 0:
    the first one included (a row that gets none is neither synced nor fed: its uncached tokens wait for a later
    step's first forward).
 
+Where `reveal()` says so (adaptive verification, in a closed batch whose trace its replays will read), the first
+forward also reads the logits at the fed tokens before
+each row's last that are committed completion tokens: the position after a step whose drafts were all accepted, and
+those of steps that drafted nothing for the row. Each predicts what the drafter would have drafted at the next
+position from the committed tokens before it, exactly as a step drafting there would have; under greedy drafting
+(a point proposal) that draft would have been accepted if and only if it is the committed token, since a rejection
+resamples from the target with the draft's probability removed. `Proposal.revealed` reports them, and closed-batch
+replays read them where they would otherwise draw (spec/batch_replay.py): from batches of 16 requests run at K = 4
+on the default workload, the replays had run K = 8 3.1% too many steps, with these none. Sampled drafts
+(`"probabilistic"`) reveal nothing: a sampled draft's acceptance is not its argmax's.
+
 The draft distribution q is `processed_logprobs` under the request's temperature / top-k / top-p.
 `draft_sample_method="greedy"`: the draft is argmax q, a point proposal (draft_probs=None).
 `"probabilistic"`: the draft is sampled from q with the request's generator and draft_probs holds the q rows
 (one-hot rows for temperature-0 requests, which the target verifies greedily). Either way confidence = q(draft).
 """
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -46,6 +58,7 @@ class _Drafts:
         self.token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
         self.confidence: list[list[float]] = [[] for _ in range(num_reqs)]
         self.probs: list[list[torch.Tensor]] = [[] for _ in range(num_reqs)]
+        self.revealed: list[dict[int, bool]] = [{} for _ in range(num_reqs)]
 
     def add(self, rows: list[int], tokens: list[int], confidence: list[float], q: torch.Tensor | None) -> None:
         for j, i in enumerate(rows):
@@ -57,7 +70,7 @@ class _Drafts:
     def merge(self, rows: list[int], other: "_Drafts") -> None:
         for j, i in enumerate(rows):
             self.token_ids[i], self.confidence[i] = other.token_ids[j], other.confidence[j]
-            self.probs[i] = other.probs[j]
+            self.probs[i], self.revealed[i] = other.probs[j], other.revealed[j]
 
 
 class DraftModelProposer:
@@ -65,11 +78,13 @@ class DraftModelProposer:
 
     def __init__(self, model, *, max_num_seqs: int, max_model_len: int, draft_sample_method: str = "greedy",
                  device=None, dtype=None,
-                 keep_drafting: Callable[[list[int], list[list[float]]], list[bool]] | None = None):
+                 keep_drafting: Callable[[list[int], list[list[float]]], list[bool]] | None = None,
+                 reveal: Callable[[], bool] | None = None):
         if draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method={draft_sample_method!r} is not one of {DRAFT_SAMPLE_METHODS}")
         self.draft_sample_method = draft_sample_method
         self.keep_drafting = keep_drafting
+        self.reveal = reveal if draft_sample_method == "greedy" else None  # asked once a call (module docstring)
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.runner = build_runner(model, max_num_seqs, max_model_len, device=device, dtype=dtype)
         self._states: dict[int, _DraftState] = {}
@@ -83,7 +98,8 @@ class DraftModelProposer:
         if active:
             drafts.merge(active, self._draft([requests[i] for i in active], [ks[i] for i in active]))
         if self.draft_sample_method == "greedy":
-            return Proposal(token_ids=drafts.token_ids, confidence=drafts.confidence, draft_probs=None)
+            return Proposal(token_ids=drafts.token_ids, confidence=drafts.confidence, draft_probs=None,
+                            revealed=None if self.reveal is None else drafts.revealed)
         empty = torch.empty(0, self._vocab_size(), device=self.runner.device)
         draft_probs = [torch.stack(q) if q else empty for q in drafts.probs]
         return Proposal(token_ids=drafts.token_ids, confidence=drafts.confidence, draft_probs=draft_probs)
@@ -109,7 +125,11 @@ class DraftModelProposer:
         states = {i: self._states[requests[i].req_id] for i in rows}
         sampling = SamplingTensors.build([r.temperature for r in requests], [r.top_k for r in requests],
                                          [r.top_p for r in requests], device=self.runner.device)
-        logits = self._feed([states[i] for i in rows], uncached)  # [rows, vocab]
+        if self.reveal is not None and self.reveal():
+            logits = self._feed_revealing([requests[i] for i in rows], [states[i] for i in rows], uncached,
+                                          [drafts.revealed[i] for i in rows])
+        else:
+            logits = self._feed([states[i] for i in rows], uncached)  # [rows, vocab]
         for step in range(max(ks)):
             drafts.add(rows, *self._sample(logits, [requests[i] for i in rows], sampling.select(rows)))
             # a row that drafted a stop token is done: the engine verifies nothing after it
@@ -127,12 +147,32 @@ class DraftModelProposer:
         keep = self.keep_drafting([requests[i].req_id for i in rows], [drafts.confidence[i] for i in rows])
         return [i for i, kept in zip(rows, keep) if kept]
 
-    def _feed(self, states: list[_DraftState], token_ids: list[list[int]]) -> torch.Tensor:
-        """Append token_ids to the rows' caches; the logits after each row's last token."""
-        logits = self.runner.forward([s.slot for s in states], token_ids, [1] * len(states))
+    def _feed(self, states: list[_DraftState], token_ids: list[list[int]],
+              num_logits: list[int] | None = None) -> torch.Tensor:
+        """Append token_ids to the rows' caches; the logits after each row's last num_logits tokens (1 each)."""
+        logits = self.runner.forward([s.slot for s in states], token_ids, num_logits or [1] * len(states))
         for state, tokens in zip(states, token_ids):
             state.cached.extend(tokens)
         return logits
+
+    def _feed_revealing(self, requests: list[DraftRequest], states: list[_DraftState], token_ids: list[list[int]],
+                        revealed: list[dict[int, bool]]) -> torch.Tensor:
+        """_feed, filling each row's `revealed` with the outcomes its fed completion tokens reveal (module
+        docstring): the fed token before each such token predicts it."""
+        counts = [min(len(fed) - 1, len(r.token_ids) - r.num_prompt_tokens) for r, fed in zip(requests, token_ids)]
+        if not any(counts):
+            return self._feed(states, token_ids)
+        num_logits = [n + 1 for n in counts]
+        logits = self._feed(states, token_ids, num_logits)
+        last = list(itertools.accumulate(num_logits, initial=-1))[1:]  # each row's last logit
+        predicted = logits.argmax(dim=-1).tolist()
+        for row in [row for row, n in enumerate(counts) if n]:  # at 256 rows, most reveal nothing
+            request, n = requests[row], counts[row]
+            first = len(request.token_ids) - n  # the first revealed token, predicted by the row's first logit
+            offset = last[row] - n - first
+            revealed[row].update((t - request.num_prompt_tokens, predicted[offset + t] == request.token_ids[t])
+                                 for t in range(first, len(request.token_ids)))
+        return logits[last]
 
     def _sample(self, logits: torch.Tensor, requests: list[DraftRequest], sampling: SamplingTensors):
         """Drafts [n], their q probabilities [n] and, when probabilistic, the q rows [n, vocab]."""
