@@ -15,14 +15,14 @@ holds. A step for requests with k > 0:
    step's first forward).
 
 Where `reveal()` says so (adaptive verification, in a closed batch whose trace its replays will read), the first
-forward also reads the logits at the fed tokens before
-each row's last that are committed completion tokens: the position after a step whose drafts were all accepted, and
-those of steps that drafted nothing for the row. Each predicts what the drafter would have drafted at the next
-position from the committed tokens before it, exactly as a step drafting there would have; under greedy drafting
-(a point proposal) that draft would have been accepted if and only if it is the committed token, since a rejection
-resamples from the target with the draft's probability removed. `Proposal.revealed` reports them, and closed-batch
-replays read them where they would otherwise draw (spec/batch_replay.py): from batches of 16 requests run at K = 4
-on the default workload, the replays had run K = 8 3.1% too many steps, with these none. Sampled drafts
+forward also reads the logits at the fed tokens before each row's last that are committed completion tokens: the
+position after a step whose drafts were all accepted, and those of steps that drafted nothing for the row. Each
+predicts what the drafter would have drafted at the next position from the committed tokens before it, as a step
+drafting there would have; under greedy drafting (a point proposal) that draft would have been accepted if and only
+if it is the committed token, since a rejection resamples from the target with the draft's probability removed.
+`Proposal.revealed` reports them, and closed-batch replays read them where they would otherwise draw
+(spec/batch_replay.py): from batches of 16 requests run at K = 4 on the default workload, drawing had replayed K = 8
+3.1% too many steps; with the outcomes that K = 8 verified on the same completions filled in, none. Sampled drafts
 (`"probabilistic"`) reveal nothing: a sampled draft's acceptance is not its argmax's.
 
 The draft distribution q is `processed_logprobs` under the request's temperature / top-k / top-p.
