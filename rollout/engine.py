@@ -157,11 +157,11 @@ class Engine:
 
     def _commit(self, requests: list[Request], proposal: Proposal, result: VerifyResult) -> list[Request]:
         finished = []
-        revealed = proposal.revealed or [{}] * len(requests)
-        for request, drafts, tokens, logprobs, num_accepted, outcomes in zip(
-                requests, proposal.token_ids, result.token_ids, result.logprobs, result.num_accepted, revealed):
-            request.acceptance.observe(len(drafts), num_accepted)
+        for request, outcomes in zip(requests, proposal.revealed or ()):
             request.acceptance.revealed.update(outcomes)
+        for request, drafts, tokens, logprobs, num_accepted in zip(
+                requests, proposal.token_ids, result.token_ids, result.logprobs, result.num_accepted):
+            request.acceptance.observe(len(drafts), num_accepted)
             # any() stops at the first token that finishes the request: tokens after a stop are dropped
             if any(request.append(t, lp, self.max_model_len) for t, lp in zip(tokens, logprobs)):
                 self._finish(request)

@@ -276,12 +276,11 @@ def test_the_first_forward_reveals_whether_undrafted_positions_would_have_been_a
 
 
 def test_sampled_drafts_and_a_drafter_not_asked_reveal_nothing(model):
-    for proposer, revealed in ((DraftModelProposer(model, max_num_seqs=1, max_model_len=64), None),
-                               (DraftModelProposer(model, max_num_seqs=1, max_model_len=64, reveal=lambda: False),
-                                [{}]),
-                               (DraftModelProposer(model, max_num_seqs=1, max_model_len=64, reveal=lambda: True,
-                                                   draft_sample_method="probabilistic"), None)):
+    for proposer in (DraftModelProposer(model, max_num_seqs=1, max_model_len=64),
+                     DraftModelProposer(model, max_num_seqs=1, max_model_len=64, reveal=lambda: False),
+                     DraftModelProposer(model, max_num_seqs=1, max_model_len=64, reveal=lambda: True,
+                                        draft_sample_method="probabilistic")):
         request = _request(0, _tokens(5, 60), temperature=1.0, generator=torch.Generator().manual_seed(0))
         proposal = proposer.propose([request], [2])
         _commit(request, proposal.token_ids[0], 2, 3)  # both accepted: the bonus token's position was not drafted
-        assert proposer.propose([request], [2]).revealed == revealed
+        assert proposer.propose([request], [2]).revealed is None

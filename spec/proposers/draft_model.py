@@ -58,7 +58,7 @@ class _Drafts:
         self.token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
         self.confidence: list[list[float]] = [[] for _ in range(num_reqs)]
         self.probs: list[list[torch.Tensor]] = [[] for _ in range(num_reqs)]
-        self.revealed: list[dict[int, bool]] = [{} for _ in range(num_reqs)]
+        self.revealed: dict[int, dict[int, bool]] = {}  # row -> its revealed outcomes, where it revealed any
 
     def add(self, rows: list[int], tokens: list[int], confidence: list[float], q: torch.Tensor | None) -> None:
         for j, i in enumerate(rows):
@@ -70,7 +70,8 @@ class _Drafts:
     def merge(self, rows: list[int], other: "_Drafts") -> None:
         for j, i in enumerate(rows):
             self.token_ids[i], self.confidence[i] = other.token_ids[j], other.confidence[j]
-            self.probs[i], self.revealed[i] = other.probs[j], other.revealed[j]
+            self.probs[i] = other.probs[j]
+        self.revealed.update((rows[j], outcomes) for j, outcomes in other.revealed.items())
 
 
 class DraftModelProposer:
@@ -84,7 +85,7 @@ class DraftModelProposer:
             raise ValueError(f"draft_sample_method={draft_sample_method!r} is not one of {DRAFT_SAMPLE_METHODS}")
         self.draft_sample_method = draft_sample_method
         self.keep_drafting = keep_drafting
-        self.reveal = reveal if draft_sample_method == "greedy" else None  # asked once a call (module docstring)
+        self.reveal = reveal if draft_sample_method == "greedy" else None  # asked once a propose (module docstring)
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.runner = build_runner(model, max_num_seqs, max_model_len, device=device, dtype=dtype)
         self._states: dict[int, _DraftState] = {}
@@ -95,11 +96,13 @@ class DraftModelProposer:
         ks = [self._num_drafts(r, k) for r, k in zip(requests, max_num_tokens)]
         active = [i for i, k in enumerate(ks) if k > 0]
         drafts = _Drafts(len(requests))
+        revealing = self.reveal is not None and self.reveal()
         if active:
-            drafts.merge(active, self._draft([requests[i] for i in active], [ks[i] for i in active]))
+            drafts.merge(active, self._draft([requests[i] for i in active], [ks[i] for i in active], revealing))
         if self.draft_sample_method == "greedy":
+            revealed = [drafts.revealed.get(i, {}) for i in range(len(requests))] if revealing else None
             return Proposal(token_ids=drafts.token_ids, confidence=drafts.confidence, draft_probs=None,
-                            revealed=None if self.reveal is None else drafts.revealed)
+                            revealed=revealed)
         empty = torch.empty(0, self._vocab_size(), device=self.runner.device)
         draft_probs = [torch.stack(q) if q else empty for q in drafts.probs]
         return Proposal(token_ids=drafts.token_ids, confidence=drafts.confidence, draft_probs=draft_probs)
@@ -115,8 +118,9 @@ class DraftModelProposer:
         if state is not None:
             self.runner.free(state.slot)
 
-    def _draft(self, requests: list[DraftRequest], ks: list[int]) -> "_Drafts":
-        """Up to ks[i] > 0 drafts for each request: one forward over the uncached tokens, then one token at a time."""
+    def _draft(self, requests: list[DraftRequest], ks: list[int], revealing: bool) -> "_Drafts":
+        """Up to ks[i] > 0 drafts for each request: one forward over the uncached tokens (revealing what it can, where
+        asked), then one token at a time."""
         drafts = _Drafts(len(requests))
         rows = self._kept(requests, list(range(len(requests))), drafts)
         if not rows:  # a row that drafts nothing is synced when it drafts again
@@ -125,9 +129,9 @@ class DraftModelProposer:
         states = {i: self._states[requests[i].req_id] for i in rows}
         sampling = SamplingTensors.build([r.temperature for r in requests], [r.top_k for r in requests],
                                          [r.top_p for r in requests], device=self.runner.device)
-        if self.reveal is not None and self.reveal():
-            logits = self._feed_revealing([requests[i] for i in rows], [states[i] for i in rows], uncached,
-                                          [drafts.revealed[i] for i in rows])
+        if revealing:
+            logits, revealed = self._feed_revealing([requests[i] for i in rows], [states[i] for i in rows], uncached)
+            drafts.revealed.update((rows[j], outcomes) for j, outcomes in revealed.items())
         else:
             logits = self._feed([states[i] for i in rows], uncached)  # [rows, vocab]
         for step in range(max(ks)):
@@ -155,13 +159,14 @@ class DraftModelProposer:
             state.cached.extend(tokens)
         return logits
 
-    def _feed_revealing(self, requests: list[DraftRequest], states: list[_DraftState], token_ids: list[list[int]],
-                        revealed: list[dict[int, bool]]) -> torch.Tensor:
-        """_feed, filling each row's `revealed` with the outcomes its fed completion tokens reveal (module
-        docstring): the fed token before each such token predicts it."""
+    def _feed_revealing(self, requests: list[DraftRequest], states: list[_DraftState],
+                        token_ids: list[list[int]]) -> tuple[torch.Tensor, dict[int, dict[int, bool]]]:
+        """_feed, and per row that reveals any, the outcomes its fed completion tokens reveal, by completion position
+        (module docstring): the fed token before each such token predicts it."""
         counts = [min(len(fed) - 1, len(r.token_ids) - r.num_prompt_tokens) for r, fed in zip(requests, token_ids)]
+        revealed = {}
         if not any(counts):
-            return self._feed(states, token_ids)
+            return self._feed(states, token_ids), revealed
         num_logits = [n + 1 for n in counts]
         logits = self._feed(states, token_ids, num_logits)
         last = list(itertools.accumulate(num_logits, initial=-1))[1:]  # each row's last logit
@@ -170,9 +175,9 @@ class DraftModelProposer:
             request, n = requests[row], counts[row]
             first = len(request.token_ids) - n  # the first revealed token, predicted by the row's first logit
             offset = last[row] - n - first
-            revealed[row].update((t - request.num_prompt_tokens, predicted[offset + t] == request.token_ids[t])
-                                 for t in range(first, len(request.token_ids)))
-        return logits[last]
+            revealed[row] = {t - request.num_prompt_tokens: predicted[offset + t] == request.token_ids[t]
+                             for t in range(first, len(request.token_ids))}
+        return logits[last], revealed
 
     def _sample(self, logits: torch.Tensor, requests: list[DraftRequest], sampling: SamplingTensors):
         """Drafts [n], their q probabilities [n] and, when probabilistic, the q rows [n, vocab]."""
