@@ -25,16 +25,15 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from bench_speculation import WORKLOADS, _engine_arm, _interleaved, arms, load
+from bench_speculation import WORKLOADS, _engine_arm, _interleaved, _repeat_ratios, _summarise, arms, load
 from rollout import RolloutGenerator, default_model_paths
 
 
 def window_stats(runs: dict[str, list[dict]], ks: list[int]) -> dict[str, dict]:
     """Per K: the window's mean log ratio over no speculation (as a ratio) and its standard error (in log units)."""
-    stats = {}
+    stats, base = {}, _summarise(runs["no_spec"])
     for k in ks:
-        logs = [math.log((s["num_completion_tokens"] / s["elapsed_s"]) / (b["num_completion_tokens"] / b["elapsed_s"]))
-                for s, b in zip(runs[f"K={k}"], runs["no_spec"])]
+        logs = [math.log(ratio) for ratio in _repeat_ratios(_summarise(runs[f"K={k}"]), base)]
         stats[f"K={k}"] = {"ratio": math.exp(statistics.mean(logs)),
                            "stderr": statistics.stdev(logs) / math.sqrt(len(logs))}
     return stats
