@@ -42,9 +42,13 @@ def window_stats(runs: dict[str, list[dict]], ks: list[int]) -> dict[str, dict]:
     stats, base = {}, _summarise(runs["no_spec"])
     for k in ks:
         logs = [math.log(ratio) for ratio in _repeat_ratios(_summarise(runs[f"K={k}"]), base)]
-        stats[f"K={k}"] = {"ratio": math.exp(statistics.mean(logs)),
-                           "stderr": statistics.stdev(logs) / math.sqrt(len(logs))}
+        stats[f"K={k}"] = mean_log(logs)
     return stats
+
+
+def mean_log(logs: list[float]) -> dict:
+    """A window's repeats of one log ratio: their mean, as a ratio, and its standard error (in log units)."""
+    return {"ratio": math.exp(statistics.mean(logs)), "stderr": statistics.stdev(logs) / math.sqrt(len(logs))}
 
 
 def step_windows(runner, rows: int, widths: list[int], windows: int, repeats: int) -> list[dict]:
@@ -71,9 +75,7 @@ def step_windows(runner, rows: int, widths: list[int], windows: int, repeats: in
                     else:
                         wide, one = seconds(w), seconds(1)
                     logs[w].append(math.log(wide / one))
-            result.append({f"{w} over 1": {"ratio": math.exp(statistics.mean(xs)),
-                                           "stderr": statistics.stdev(xs) / math.sqrt(len(xs))}
-                           for w, xs in logs.items()})
+            result.append({f"{w} over 1": mean_log(xs) for w, xs in logs.items()})
         return result
     finally:
         for slot in slots:
