@@ -97,6 +97,15 @@ def fastest_in(windows: list[dict], arm: str) -> int:
     return sum(max(w, key=lambda a: w[a]["ratio"]) == arm for w in windows)
 
 
+def window_line(stats: dict[str, dict]) -> str:
+    return "  ".join(f"{arm} {s['ratio']:.3f} (+-{s['stderr']:.3f})" for arm, s in stats.items())
+
+
+def drift_line(d: dict) -> str:
+    return (f"{d['ratio']:.3f} over all windows; windows spread {d['spread']:.3f}, noise {d['noise']:.3f}, "
+            f"drift {d['drift']:.3f}")
+
+
 def plot(steps: list[dict], windows: list[dict], batch_size: int, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -149,8 +158,7 @@ def main() -> None:
     steps = step_windows(generators["no_spec"].runner, args.batch_size, step_widths, args.step_windows,
                          args.step_repeats)
     for window, stats in enumerate(steps):
-        print(f"step window {window + 1}: " + "  ".join(f"{w} {s['ratio']:.3f} (+-{s['stderr']:.3f})"
-                                                         for w, s in stats.items()), flush=True)
+        print(f"step window {window + 1}: {window_line(stats)}", flush=True)
     runners = {name: _engine_arm(generator) for name, generator in generators.items()}
     make_prompts = WORKLOADS[args.workload]
     _interleaved(runners, make_prompts, args.batch_size, 1, args.max_tokens, seed=10_000)  # untimed warm-up
@@ -159,16 +167,13 @@ def main() -> None:
         runs = _interleaved(runners, make_prompts, args.batch_size, args.repeats, args.max_tokens,
                             seed=100_000 * (window + 1))
         windows.append(window_stats(runs, ks))
-        print(f"window {window + 1}: " + "  ".join(f"{arm} {s['ratio']:.3f} (+-{s['stderr']:.3f})"
-                                                    for arm, s in windows[-1].items()), flush=True)
+        print(f"window {window + 1}: {window_line(windows[-1])}", flush=True)
     step_summary = {width: drift(steps, width) for width in steps[0]}
     summary = {arm: {**drift(windows, arm), "fastest_in": fastest_in(windows, arm)} for arm in windows[0]}
     for width, d in step_summary.items():
-        print(f"steps {width}: {d['ratio']:.3f} over all windows; windows spread {d['spread']:.3f}, noise "
-              f"{d['noise']:.3f}, drift {d['drift']:.3f}")
+        print(f"steps {width}: {drift_line(d)}")
     for arm, d in summary.items():
-        print(f"{arm}: {d['ratio']:.3f} over all windows; windows spread {d['spread']:.3f}, noise {d['noise']:.3f}, "
-              f"drift {d['drift']:.3f}; fastest in {d['fastest_in']} of {len(windows)} windows")
+        print(f"{arm}: {drift_line(d)}; fastest in {d['fastest_in']} of {len(windows)} windows")
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_drift.json").write_text(json.dumps({
