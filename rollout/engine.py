@@ -6,8 +6,8 @@ and reads k + 1 logits: position j predicts draft j + 1, the last one the bonus 
 slot is cropped back to the invariant: rejected drafts vanish by moving the length back, nothing recomputed.
 
 With adaptive verification (spec/adaptive.py) the proposal is trimmed per request before verification, and
-after it the judged drafts teach the calibrator and the measured times refine the step-cost model. A run whose
-requests all start at its first step (a closed batch) offers every request up to the K that replaying the last
+after it the judged drafts teach the calibrator and the measured times refine the step-cost model. A run of two or
+more requests that all start at its first step (a closed batch) offers every request up to the K that replaying the last
 ones of its size found fastest, 0 included (spec/closed_batch.py), drafting as deep as its critical path pays
 (spec/adaptive.py); its outcome is replayed in turn (a draft model reveals what its drafts would have done where
 none was verified: Proposal.revealed), and it teaches the calibrator and the cost model, where its
@@ -24,6 +24,7 @@ from rollout.scheduler import Scheduler, StepPlan
 from spec import (AcceptanceStats, AdaptiveVerifier, Proposal, Proposer, SamplingTensors, VerifyResult,
                   rejection_sample)
 from spec.batch_replay import BatchTiming
+from spec.closed_batch import MIN_REQUESTS
 
 
 class Engine:
@@ -194,7 +195,8 @@ class Engine:
         start = time.perf_counter()
         schedule = None if self.adaptive is None else self.adaptive.closed_batch
         batch = list(self.scheduler.waiting)
-        is_closed = schedule is not None and not self.scheduler.running and len(batch) <= self.scheduler.max_num_seqs
+        is_closed = (schedule is not None and not self.scheduler.running
+                     and MIN_REQUESTS <= len(batch) <= self.scheduler.max_num_seqs)
         self.draft_cap = schedule.k_max(len(batch)) if is_closed else None
         if self.adaptive is not None:  # no per-step allocation under a closed batch's cap (spec/closed_batch.py)
             self.adaptive.trims = self.draft_cap is None

@@ -65,6 +65,14 @@ so, adaptive verification ran 2-9% behind that K for every request (mixed worklo
 5-8% behind K = 8 for every request on the default workload at 4-16 requests (10.5 steps a batch of 8 where K = 8
 took 8.9). A size with no drafted batch of its own is not capped: the per-step policy trims, and the batch's records
 start its replays.
+
+A batch of one request is not a closed batch here: it is its own critical path, so the per-step policy's rate is its
+request's, which is what its time follows, and neither a cap nor a replay has anything to add; each would only cost
+(default workload, 1 request, about 45 ms a batch: the replay 1.0-1.2 ms in the engine's loop, where it runs cold,
+against 0.45 ms on its own). Paired, 60-80 batches each timed against static K = 8 on the same prompts: under the cap
+0.947-0.959 of K = 8 (medians; totals 0.954-0.970), as a lone open request 0.976-0.982 (0.988-0.992); on prompts the
+drafter predicts badly (the mixed workload's strings), level (1.537 and 1.508 of K = 8, totals 1.512 and 1.506). At 2
+requests the cap stays: 0.988 of K = 8 against 0.976 without (the batch of 2 took 7.2 steps against 7.9).
 """
 
 import statistics
@@ -77,6 +85,7 @@ from spec.metrics import RequestAcceptance
 from spec.step_cost import StepCostModel
 from spec.tuning import smallest_k_within
 
+MIN_REQUESTS = 2  # a closed batch has at least 2 requests (module docstring)
 NUM_BATCHES = 3  # a size's decisions use its last 3 batches at least: one batch replays with its own luck
 FIRST_RECHECK = 2  # a size where drafting just lost drafts again at its 2nd closed batch, and each recheck that
 # confirms the loss doubles the wait, up to RECHECK

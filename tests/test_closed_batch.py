@@ -269,3 +269,17 @@ def test_a_batch_larger_than_max_num_seqs_is_not_a_closed_batch(target, draft):
     batch = generator.generate([[5, 6, 7], [3, 4], [9, 9]], 1, GREEDY, use_tqdm=False)  # waits for a slot
     assert batch.stats["draft_cap"] == 3  # the per-step policy alone decides
     assert max(k for s in batch.samples for k in s.acceptance["k_per_step"]) > 1
+
+
+def test_a_lone_request_is_not_a_closed_batch(target, draft):
+    generator = _adaptive(target, draft)
+    schedule = generator.adaptive.closed_batch
+    _observe(schedule, [12], drafted=True, costs=generator.adaptive.costs, records=[record([(1, 0)] * 12)],
+             k_limit=3)  # fabricated: every draft rejected, so a closed batch of 1 would decode without drafts
+    assert schedule.k_max(1) == 0
+    plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate([[5, 6, 7]], 1, GREEDY, use_tqdm=False)
+    batch = generator.generate([[5, 6, 7]], 1, GREEDY, use_tqdm=False)
+    assert batch.stats["draft_cap"] == 3 and batch.stats["num_proposed_draft_tokens"] > 0  # the per-step policy
+    assert generator.adaptive.trims
+    assert not schedule.allows_drafting(1)  # not observed: an undrafted closed batch of 1 would bring its recheck
+    assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
