@@ -1,10 +1,10 @@
 """Closed batches: whether one drafts at all, and how many drafts per request it may offer.
 
 Per step, adaptive verification maximises the step's expected tokens per second (spec/budget.py). A closed batch
-(every request admitted at its first step, none waiting) is not done until its last completion is, and that is not
-the same thing: drafting deep for the requests the drafter predicts well finishes them early, while the batch waits
-on the ones it predicts badly, in a tail of small steps where a token costs several times what it costs in a full
-batch. On the benchmark's mixed workload (2-core CPU) each step's predictions held, and yet uncapped adaptive
+(two or more requests, all admitted at its first step, none waiting) is not done until its last completion is, and
+that is not the same thing: drafting deep for the requests the drafter predicts well finishes them early, while the
+batch waits on the ones it predicts badly, in a tail of small steps where a token costs several times what it costs
+in a full batch. On the benchmark's mixed workload (2-core CPU) each step's predictions held, and yet uncapped adaptive
 verification ran at 0.78-0.93 of K = 1-2 drafts for every request at 16-128 requests, and 12-17% behind decoding
 without drafts at 64-256.
 
