@@ -6,12 +6,12 @@ and reads k + 1 logits: position j predicts draft j + 1, the last one the bonus 
 slot is cropped back to the invariant: rejected drafts vanish by moving the length back, nothing recomputed.
 
 With adaptive verification (spec/adaptive.py) the proposal is trimmed per request before verification, and
-after it the judged drafts teach the calibrator and the measured times refine the step-cost model. A run of two or
-more requests that all start at its first step (a closed batch) offers every request up to the K that replaying the last
-ones of its size found fastest, 0 included (spec/closed_batch.py), drafting as deep as its critical path pays
-(spec/adaptive.py); its outcome is replayed in turn (a draft model reveals what its drafts would have done where
-none was verified: Proposal.revealed), and it teaches the calibrator and the cost model, where its
-size's replays record it (ClosedBatchSchedule.records).
+after it the judged drafts teach the calibrator and the measured times refine the step-cost model. A run of two
+or more requests that all start at its first step (a closed batch) offers every request up to the K that replaying
+the last ones of its size found fastest, 0 included (spec/closed_batch.py), drafting as deep as its critical path
+pays (spec/adaptive.py); its outcome is replayed in turn (a draft model reveals what its drafts would have done
+where none was verified: Proposal.revealed), and it teaches the calibrator and the cost model, where its size's
+replays record it (ClosedBatchSchedule.records).
 """
 
 import time

@@ -26,11 +26,12 @@ rows). The prefill is the one measured time that the replays charge to drafting 
 every batch its median per request over the window's batches, not the batch's own: one stall of the machine in a
 first step's drafting (a pause of 1.5-2 s, seen in a benchmark run at 1 request, where a batch takes 0.1 s) made
 K = 0 replay fastest by far, and with the stalled batch kept among a size's last 64 requests, where only rechecks
-draft, 26 of the next 51 closed batches of 1 request went undrafted (2 s injected by hand, mixed workload; none
-with the median; in that benchmark run schedule + adaptive ran at 0.48 of K = 8 over all 128 repeats of its second
-stage). The verdict before this one was measured (each batch's time over its replay without drafts, the median of the
-last 3 drafted batches against the last 3 undrafted): on a noisy 2-core VM, where one batch of 256 takes 2.2-3.1 s
-for the same work, it flipped between drafting and not, and the adaptive arms ran at 0.83-0.85 of K = 1 there.
+draft, 26 of the next 51 closed batches of 1 request went undrafted (2 s injected by hand, mixed workload, while a
+lone request still made a closed batch; none with the median; in that benchmark run schedule + adaptive ran at 0.48
+of K = 8 over all 128 repeats of its second stage). The verdict before this one was measured (each batch's time over
+its replay without drafts, the median of the last 3 drafted batches against the last 3 undrafted): on a noisy 2-core
+VM, where one batch of 256 takes 2.2-3.1 s for the same work, it flipped between drafting and not, and the adaptive
+arms ran at 0.83-0.85 of K = 1 there.
 
 How deep: replayed. Where it drafts, a batch offers every request up to the K >= 1 chosen from the replays
 over the size's last batches (the last NUM_BATCHES, or more where those hold fewer than REPLAY_REQUESTS requests): the
