@@ -22,26 +22,13 @@ decided the same way (survival 1, the first position's rate): where verification
 large batch on a CPU, a request the drafter predicts badly) a step drafts nothing and costs what decoding without
 speculation does, instead of a draft forward over every row for drafts it then trims.
 
-Under a closed batch's cap (spec/closed_batch.py) no allocation runs: its replays chose the cap, and deciding the
-drafting at the step's rate loses there (the batch waits on its slowest request, and a step's rate counts every
-request's tokens alike). Every request gets a first draft, and further drafts are decided as above at one request's
-rate on the batch's critical path (begin_step): a draft that does not pay even for the request the batch waits on is
-not drafted. Once drafted, each request verifies the prefix of its drafts whose survival pays for its verification at
-the batch's rate, the critical path's threshold times the step's rows (`verified_under_cap`): cut on each draft's own
-confidence, after drafting, that ran within 2.4% of verifying every draft drafted, where the per-step policy under
-the cap (drafting decided at the batch's rate as well) lost 3-7%; in a benchmark run on the mixed workload both
-adaptive arms read 1-4% below the run before (README). Cap forced (the K shown), paired against static K on the same
-prompts (medians and totals of 8-30 batches), without the cut and with it, and the verified tokens per emitted token:
-default workload, 2 requests (K = 8): 0.993 / 0.996 and 0.994 / 0.999, 1.276 and 1.233; 4 (K = 8): 0.995 / 0.985 and
-1.010 / 1.003, 1.299 and 1.213; 16 (K = 8): 1.000 / 1.008 and 1.024 / 1.034, 1.309 and 1.172; 32 (K = 4): 0.983 /
-0.992 and 1.006 / 0.997, 1.184 and 1.090; 128 (K = 4): 1.013 / 1.004 and 0.989 / 0.998, 1.178 and 1.062; 256
-(K = 4): 1.001 / 1.003 and 1.046 / 1.041, 1.188 and 1.058. Mixed workload (K = 2), 4 requests: 0.991 / 0.988 and
-0.983 / 0.987, 1.357 and 1.345; 16: 0.990 / 0.979 and 0.981 / 0.983, 1.371 and 1.297; 128: 1.002 / 1.003 and 1.020 /
-1.027, 1.362 and 1.228. The per-step policy under the cap ran at 0.934 / 0.943 of K = 8 at 4 requests and 0.960 /
-0.972 at 16 (default workload). Before the cut, the pricing of further drafts on the critical path, at 2 requests on
-the default workload (cap K = 8), verified 1.232 tokens per emitted token where the cap for every request verified
-1.279, in the same time within this machine's noise (40 batches, each timed against the cap on the same prompts:
-median 0.97, total 1.005); at 4-64 requests, and 4 on the mixed workload, 0.95-1.03 (30).
+Under a closed batch's cap (spec/closed_batch.py) no allocation runs: its replays chose the cap, and trimming at the
+step's rate loses there (the batch waits on its slowest request, and a step's rate counts every request's tokens
+alike). Every request gets a first draft, and further drafts are decided as above at one request's rate on the
+batch's critical path (begin_step): a draft that does not pay even for the request the batch waits on is not drafted.
+At 2 requests on the default workload (cap K = 8) that verified 1.232 tokens per emitted token, where the cap for
+every request verified 1.279, in the same time within this machine's noise (40 batches, each timed against the cap
+on the same prompts: median 0.97, total 1.005); at 4-64 requests, and 4 on the mixed workload, 0.95-1.03 (30).
 Deciding has its own cost, which the cuts must pay: per number of rows, a decision's worth (the time its cuts save,
 net of the tokens they lose, at the rate it prices with) and the time it took are tracked, and where the worth falls
 short, only every 8th call decides and the others extend every row (_gated_keep). In situ (default workload, cap
@@ -132,9 +119,8 @@ class AdaptiveVerifier:
         self.closed_batch = ClosedBatchSchedule()  # whether and how deep closed batches draft, per size
         self.traced = False  # the run is a closed batch that its size's replays record: a draft-model drafter
         # reveals the outcomes at positions that verify no draft (spec/proposers/draft_model.py)
-        self.trims = True  # False in a closed batch under its cap: no allocation (each request verifies the drafts
-        # that pay at the batch's rate: verified_under_cap), every request gets a first draft, and further drafts are
-        # priced on the critical path
+        self.trims = True  # False in a closed batch under its cap: no allocation (each request verifies what it
+        # drafted), every request gets a first draft, and further drafts are priced on the critical path
         # (begin_step); observe hands the calibrator the judged drafts, and the draft extensions are timed as ever
         # (the closed-batch replays price drafting with the refined costs)
         self.rate = 0.0  # expected tokens per second of the last allocation (under a closed batch's cap, of one
@@ -337,14 +323,6 @@ class AdaptiveVerifier:
     def finish(self, req_id: int) -> None:
         self._requests.pop(req_id, None)
         self._drafts.pop(req_id, None)
-
-    def verified_under_cap(self, req_ids: list[int], confidences: list[list[float]]) -> list[int]:
-        """Under a closed batch's cap: how many of its drafts each request verifies, the prefix whose survival pays
-        for its verification at the batch's rate, the critical path's threshold times the step's rows (module
-        docstring)."""
-        threshold = self.threshold * len(req_ids)
-        return [sum(value >= threshold for value in drafts.survival)
-                for drafts in self._calibrated(req_ids, confidences)]
 
     def survival(self, req_ids: list[int], confidences: list[list[float]]) -> list[list[float]]:
         """Per request, S(r, k) for k = 1 .. len(confidences[r]): the running products of its drafts' calibrated

@@ -58,16 +58,14 @@ batch's ratio ranged 0.85-1.37 at 64 requests on the default workload (24 batche
 3-8 moved its K by 3-4% on a single batch, more than the error it was to correct, and the offer switched between
 K = 3, 4 and 5 (benchmark at 64: 0.92 of the best other arm, confirmed, against 0.99 in the run before).
 Under the cap every request gets a first draft, and a further draft only where it pays on the batch's critical path
-(spec/adaptive.py: priced at one request's tokens per second, not the batch's), not where the per-step policy would
-draft it: deciding the drafting at the batch's rate is what loses in a closed batch. It stops drafting for the
+(spec/adaptive.py: priced at one request's tokens per second, not the batch's), not where the per-step policy's
+allocation would admit it: trimming at the batch's rate is what loses in a closed batch. It cuts the drafts of the
 requests the drafter predicts badly, which are the ones the batch waits on, and each step's rate counts a token of
 any request alike, where the batch's time is its slowest request's steps. Capped at the best K and trimming below it
 so, adaptive verification ran 2-9% behind that K for every request (mixed workload, 16 requests); not capped at all,
 5-8% behind K = 8 for every request on the default workload at 4-16 requests (10.5 steps a batch of 8 where K = 8
-took 8.9). Once drafted, though, each request verifies only the drafts whose survival pays at the batch's rate: cut
-on their own confidences, that ran within 2.4% of the time of verifying every draft drafted (cap forced, 2-256
-requests, both workloads) and verified 1-11% fewer tokens per emitted token (spec/adaptive.py). A size with no
-drafted batch of its own is not capped: the per-step policy trims, and the batch's records start its replays.
+took 8.9). A size with no drafted batch of its own is not capped: the per-step policy trims, and the batch's records
+start its replays.
 
 A batch of one request is not a closed batch here: it is its own critical path, so the per-step policy's rate is its
 request's, which is what its time follows, and neither a cap nor a replay has anything to add; each would only cost
