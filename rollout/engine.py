@@ -9,9 +9,10 @@ With adaptive verification (spec/adaptive.py) the proposal is trimmed per reques
 after it the judged drafts teach the calibrator and the measured times refine the step-cost model. A run of two
 or more requests that all start at its first step (a closed batch) offers every request up to the K that replaying
 the last ones of its size found fastest, 0 included (spec/closed_batch.py), drafting as deep as its critical path
-pays (spec/adaptive.py); its outcome is replayed in turn (a draft model reveals what its drafts would have done
-where none was verified: Proposal.revealed), and it teaches the calibrator and the cost model, where its size's
-replays record it (ClosedBatchSchedule.records).
+pays and, in steps of 32 rows or more, verifying each request's first draft and the further ones that pay at the
+batch's rate (spec/adaptive.py); its outcome is replayed in turn (a draft model reveals what its drafts would have
+done where none was verified: Proposal.revealed, and so does the first draft cut after drafts all accepted), and it
+teaches the calibrator and the cost model, where its size's replays record it (ClosedBatchSchedule.records).
 """
 
 import time
@@ -66,16 +67,23 @@ class Engine:
         proposal = self._propose(requests, num_drafts)
         drafted, draft_seconds = proposal.num_draft_tokens, time.perf_counter() - clock
         self.num_proposed_drafts += sum(drafted)
+        cut = None  # under a closed batch's cap, the drafts as drafted, before verified_under_cap cut them
         if self.adaptive is not None and self.adaptive.trims:
             # with no drafts too: the step's rate prices the next step's drafting
             proposal = self._allocate(req_ids, proposal, uncached, draft_seconds)
+        elif self.adaptive is not None and self.adaptive.cuts_under_cap(drafted):
+            cut, proposal = proposal, _trim(proposal, self.adaptive.verified_under_cap(req_ids, proposal.confidence))
         clock = time.perf_counter()
         result = self._verify(requests, proposal)
         self.stats.observe_step(plan.batch_size, k_max)
         self.num_steps += 1
         if self.adaptive is not None:  # before the commit, which ends finished requests' adaptive records
             self.adaptive.observe(req_ids, proposal.confidence, result.num_accepted)
+        revealing = cut is not None and self.adaptive.traced and cut.draft_probs is None
+        starts = [len(r.output_ids) for r in requests] if revealing else None
         finished = self._commit(requests, proposal, result)
+        if revealing:
+            _reveal_cut(requests, starts, cut, proposal, result)
         verify_seconds = time.perf_counter() - clock
         if self.adaptive is not None:
             self.adaptive.observe_times(uncached, proposal.num_draft_tokens, verify_seconds)
@@ -212,6 +220,19 @@ class Engine:
                              [r.acceptance for r in batch], self.timing, self.adaptive.costs,
                              k_limit=self.scheduler.k_for_batch_size(len(batch)))
         return time.perf_counter() - start
+
+
+def _reveal_cut(requests: list[Request], starts: list[int], drafted: Proposal, verified: Proposal,
+                result: VerifyResult) -> None:
+    """Where a request verified all its drafts that were not cut, and accepted them, the token emitted after them
+    stands where its first cut draft did: with point proposals that draft would have been accepted if and only if it
+    is that token (spec/rejection.py). The trace of a closed batch reads it (RequestAcceptance.revealed); the drafter
+    cannot reveal it, as its cache holds the cut draft (spec/proposers/draft_model.py)."""
+    for request, start, full, kept, tokens in zip(requests, starts, drafted.token_ids, verified.token_ids,
+                                                  result.token_ids):
+        position = start + len(kept)
+        if len(full) > len(kept) and len(tokens) > len(kept) and position < len(request.output_ids):
+            request.acceptance.revealed[position] = full[len(kept)] == tokens[len(kept)]
 
 
 def _trim(proposal: Proposal, lengths: list[int]) -> Proposal:

@@ -22,13 +22,35 @@ decided the same way (survival 1, the first position's rate): where verification
 large batch on a CPU, a request the drafter predicts badly) a step drafts nothing and costs what decoding without
 speculation does, instead of a draft forward over every row for drafts it then trims.
 
-Under a closed batch's cap (spec/closed_batch.py) no allocation runs: its replays chose the cap, and trimming at the
-step's rate loses there (the batch waits on its slowest request, and a step's rate counts every request's tokens
-alike). Every request gets a first draft, and further drafts are decided as above at one request's rate on the
-batch's critical path (begin_step): a draft that does not pay even for the request the batch waits on is not drafted.
-At 2 requests on the default workload (cap K = 8) that verified 1.232 tokens per emitted token, where the cap for
-every request verified 1.279, in the same time within this machine's noise (40 batches, each timed against the cap
-on the same prompts: median 0.97, total 1.005); at 4-64 requests, and 4 on the mixed workload, 0.95-1.03 (30).
+Under a closed batch's cap (spec/closed_batch.py) no allocation runs: its replays chose the cap, and deciding the
+drafting at the step's rate loses there (the batch waits on its slowest request, and a step's rate counts every
+request's tokens alike). Every request gets a first draft, and further drafts are decided as above at one request's rate
+on the batch's critical path (begin_step): a draft that does not pay even for the request the batch waits on is not
+drafted. Once drafted, each request verifies its first draft, which the cap's replays found paying for every request,
+and the further ones whose survival pays for its verification at the batch's rate, the critical path's threshold times
+the step's rows (`verified_under_cap`): cut on each draft's own confidence, after drafting, in steps of CUT_MIN_ROWS
+(32) rows or more only. Below 32 rows every request's drafts under the cap are verified: there the critical path's
+pricing already verified fewer tokens per emitted token than the schedule (benchmark, default workload, 2-16 requests:
+1.282-1.308 against 1.299-1.323), and the cut cost speed where it was measured, at most a few percent (benchmark: 0.965
+and 0.962 of the best other arm at default 8 and mixed 16, confirmed; cap forced, mixed 16: 0.976 of K = 2 against 0.983
+without it), where from 32 rows on its medians were level or ahead (below). Cap forced (the K shown), paired against
+static K on the same prompts (medians / totals of 10-50 batches): without the cut, with it, and cutting first drafts
+too, then the verified tokens per emitted token of each: default workload, 32 requests (K = 8, 4 batches): 0.999 /
+0.995, 1.008 / 1.005 and 1.014 / 1.002, 1.302, 1.165 and 1.144; 128 (K = 4): 1.002 / 0.994, 1.037 / 1.015 and 1.029 /
+1.036, 1.184, 1.085 and 1.062; 256 (K = 4): 0.999 / 0.997, 1.015 / 0.971 and 1.071 / 1.040, 1.189, 1.081 and 1.059.
+Mixed workload, against K = 2, 8 requests (K = 3): 1.003 / 1.001, 1.004 / 0.994 and 1.004 / 0.994, 1.504, 1.451 and
+1.453; 16 (K = 2): 0.983 / 0.976, 0.976 / 0.975 and 0.972 / 0.973, 1.360, 1.326 and 1.313. With the caps from the
+replays (K = 3-4), paired against K = 1 at default 128 and 256: 0.983 and 0.980 with the cut, 0.965 and 0.971 without
+(medians of 30 and 20 batches). Cutting first drafts too met the verified-work target everywhere in two benchmark runs,
+but the adaptive arms read 1-2% lower on the mixed workload (0.956-0.985 of the best other arm at 4-128 requests,
+confirmed) than in the runs before it, most at 32-128 requests, where a request is offered 1 draft and this cut has
+nothing to cut (the batch waits on the requests the drafter predicts badly, whose tokens come from first drafts: a
+likely cause, not shown; paired as above, the two cuts ran level). The per-step policy under the cap (drafting decided
+at the batch's rate as well) ran at 0.934 / 0.943 of K = 8 at 4 requests and 0.960 / 0.972 at 16 (default workload).
+Before the cut, the pricing of further drafts on the critical path, at 2 requests on the default workload (cap K = 8),
+verified 1.232 tokens per emitted token where the cap for every request verified 1.279, in the same time within this
+machine's noise (40 batches, each timed against the cap on the same prompts: median 0.97, total 1.005); at 4-64
+requests, and 4 on the mixed workload, 0.95-1.03 (30).
 Deciding has its own cost, which the cuts must pay: per number of rows, a decision's worth (the time its cuts save,
 net of the tokens they lose, at the rate it prices with) and the time it took are tracked, and where the worth falls
 short, only every 8th call decides and the others extend every row (_gated_keep). In situ (default workload, cap
@@ -79,6 +101,7 @@ _REQUEST_MEMORY = 0.8  # per step: a request's past outcomes fade, so one that g
 _GATE_PERIOD = 8  # under a closed batch's cap, a further-draft decision that has not been paying is still made every
 # 8th call (_gated_keep): its measures stay current, and a size where it pays again gets it back within 8 calls
 _GATE_MEMORY = 0.9  # per decision made, the weight of the earlier ones in those measures
+CUT_MIN_ROWS = 32  # under a closed batch's cap, steps of fewer rows verify every draft drafted (module docstring)
 _OBSERVE_BATCH = 64  # judged drafts handed to the calibrator at once (or 1/16 of those it has, if more): an update
 # costs a few hundred microseconds in the engine's loop whatever its size, and the map moves little in that many
 
@@ -119,10 +142,10 @@ class AdaptiveVerifier:
         self.closed_batch = ClosedBatchSchedule()  # whether and how deep closed batches draft, per size
         self.traced = False  # the run is a closed batch that its size's replays record: a draft-model drafter
         # reveals the outcomes at positions that verify no draft (spec/proposers/draft_model.py)
-        self.trims = True  # False in a closed batch under its cap: no allocation (each request verifies what it
-        # drafted), every request gets a first draft, and further drafts are priced on the critical path
-        # (begin_step); observe hands the calibrator the judged drafts, and the draft extensions are timed as ever
-        # (the closed-batch replays price drafting with the refined costs)
+        self.trims = True  # False in a closed batch under its cap: no allocation (each request verifies the drafts
+        # that pay at the batch's rate: verified_under_cap), every request gets a first draft, and further drafts are
+        # priced on the critical path (begin_step); observe hands the calibrator the judged drafts, and the draft
+        # extensions are timed as ever (the closed-batch replays price drafting with the refined costs)
         self.rate = 0.0  # expected tokens per second of the last allocation (under a closed batch's cap, of one
         # request: _price_critical_path); 0 (draft up to k_max) before one
         self.threshold = 0.0  # survival that pays for one more verified token, at the last allocation
@@ -323,6 +346,20 @@ class AdaptiveVerifier:
     def finish(self, req_id: int) -> None:
         self._requests.pop(req_id, None)
         self._drafts.pop(req_id, None)
+
+    def cuts_under_cap(self, num_drafts: list[int]) -> bool:
+        """Whether a step under a closed batch's cap, its requests drafting num_drafts each, cuts drafts
+        (verified_under_cap): where it has CUT_MIN_ROWS rows or more and some request 2 drafts or more (module
+        docstring)."""
+        return len(num_drafts) >= CUT_MIN_ROWS and max(num_drafts, default=0) > 1
+
+    def verified_under_cap(self, req_ids: list[int], confidences: list[list[float]]) -> list[int]:
+        """Under a closed batch's cap: how many of its drafts each request verifies, its first (the cap's replays
+        found a first draft for every request paying) and the further ones whose survival pays for their verification
+        at the batch's rate, the critical path's threshold times the step's rows (module docstring)."""
+        threshold = self.threshold * len(req_ids)
+        return [max(min(1, len(drafts.survival)), sum(value >= threshold for value in drafts.survival))
+                for drafts in self._calibrated(req_ids, confidences)]
 
     def survival(self, req_ids: list[int], confidences: list[list[float]]) -> list[list[float]]:
         """Per request, S(r, k) for k = 1 .. len(confidences[r]): the running products of its drafts' calibrated

@@ -310,6 +310,32 @@ def test_under_a_closed_batch_cap_every_request_drafts_and_further_drafts_are_pr
     assert adaptive.keep_drafting(ids, unsure) == [False] * 4
 
 
+def test_under_a_closed_batch_cap_a_request_verifies_its_first_draft_and_the_next_that_pay_at_the_batch_s_rate():
+    # The step above: a verified token costs 0.1 s, at the critical path's rate 0.073 tokens' worth, at the batch's
+    # (4 requests' tokens in the same step) 0.292. The calibrator's prior maps each confidence to its bin's middle.
+    costs = StepCostModel({4: {4: 1.0, 20: 2.6}}, {1: 0.3, 4: 0.3})
+    adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
+    adaptive.trims = False
+    adaptive.begin_step(4, 4, 2)
+    assert 4 * adaptive.threshold == pytest.approx(0.2917, abs=1e-4)
+    ids, confidences = [0, 1, 2, 3], [[0.95, 0.95], [0.9, 0.2], [0.25, 0.9], [0.6, 0.6]]
+    survival = adaptive.survival(ids, confidences)
+    assert survival == [pytest.approx(s) for s in ([0.95, 0.9025], [0.95, 0.2375], [0.25, 0.2375], [0.65, 0.4225])]
+    # every survival pays at the critical path's rate; at the batch's, the prefix of each request's above 0.292, and
+    # a first draft whatever its survival (request 2's 0.25)
+    assert all(value > adaptive.threshold for values in survival for value in values)
+    assert adaptive.verified_under_cap(ids, confidences) == [2, 1, 1, 2]
+
+
+def test_under_a_closed_batch_cap_only_steps_of_32_rows_or_more_with_a_second_draft_cut_drafts():
+    costs = StepCostModel({1: {1: 1.0}}, {1: 0.1})
+    adaptive = AdaptiveVerifier(ConfidenceCalibrator(max_positions=4, num_bins=10), costs)
+    assert adaptive.cuts_under_cap([2] + [1] * 31)
+    assert not adaptive.cuts_under_cap([4] * 31)  # too few rows: every draft is verified
+    assert not adaptive.cuts_under_cap([1] * 64)  # first drafts only, which are always verified
+    assert not adaptive.cuts_under_cap([])
+
+
 def test_under_a_closed_batch_cap_further_draft_decisions_that_do_not_pay_are_made_every_8th_call(monkeypatch):
     ticks = itertools.count(step=0.01)  # each clock read 10 ms after the last: a decision takes 10 ms
     monkeypatch.setattr("spec.adaptive.time", SimpleNamespace(perf_counter=lambda: next(ticks)))

@@ -157,11 +157,13 @@ def test_a_size_whose_window_is_full_and_whose_replays_took_their_share_replays_
     assert schedule._replays[7][-1][1][3] < 39.0  # the recheck's replay: K = 3 wins
 
 
-def _adaptive(target, draft, max_num_seqs=4, draft_seconds=0.01):
+def _adaptive(target, draft, max_num_seqs=4, draft_seconds=0.01, token_seconds=0.0):
+    """Verification 1 s a step plus token_seconds a token beyond one per row; a draft forward draft_seconds."""
     config = {"method": "draft_model", "num_speculative_tokens": 3, "enable_adaptive_verification": True}
-    flat = {"verify": {n: {n: 1.0, 4 * n: 1.0} for n in (1, 2, 4)}, "draft": {1: draft_seconds, 4: draft_seconds}}
+    costs = {"verify": {n: {n: 1.0, 4 * n: 1.0 + 3 * n * token_seconds} for n in (1, 2, 4)},
+             "draft": {1: draft_seconds, 4: draft_seconds}}
     return RolloutGenerator(target, speculative_config=config, draft_model=draft, max_num_seqs=max_num_seqs,
-                            max_model_len=64, step_costs=flat)
+                            max_model_len=64, step_costs=costs)
 
 
 def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(target, draft):
@@ -260,6 +262,40 @@ def test_a_closed_batchs_trace_holds_the_outcomes_its_drafter_revealed_where_it_
     # what is left unseen is at most each completion's last token (it ends the request: nothing drafts after it)
     outcomes = Trace(records, [len(s.completion_ids) for s in samples]).outcomes
     assert sum((row[:len(s.completion_ids)] == UNSEEN).sum() for row, s in zip(outcomes, samples)) <= len(samples)
+
+
+def test_under_its_cap_a_closed_batch_verifies_the_drafts_that_pay_at_its_rate_and_reveals_the_first_one_cut(
+        target, monkeypatch):
+    # As above, where a verified token costs 0.2 s: under the cap (K = 3 for 4 requests), drafts that do not pay at
+    # the batch's rate are drafted but not verified, here from 4 rows on (32 in use). Where a request accepted all
+    # it verified, the token after them stands where its first cut draft did, and the trace holds whether that draft
+    # would have been accepted: whether it is the target's argmax there (the drafter's own draft), as the HF forward
+    # over the completion finds.
+    prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9], [2, 8, 2, 8]]
+    params = SamplingParams(temperature=1.0, max_tokens=40, seed=3)
+    plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(prompts, 1, params, use_tqdm=False)
+    monkeypatch.setattr("spec.adaptive.CUT_MIN_ROWS", 4)
+    generator = _adaptive(target, target, token_seconds=0.2)
+    schedule, records = generator.adaptive.closed_batch, []
+    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.02), records=THREE_IN_FOUR, k_limit=3)
+    observe = schedule.observe
+    schedule.observe = lambda lengths, max_lengths, batch_records, *rest, **kw: (
+        records.extend(batch_records), observe(lengths, max_lengths, batch_records, *rest, **kw))
+    batch = generator.generate(prompts, 1, params, use_tqdm=False)
+    assert batch.stats["draft_cap"] == 3
+    verified = sum(sum(s.acceptance["k_per_step"]) for s in batch.samples)
+    assert 0 < verified < batch.stats["num_proposed_draft_tokens"]
+    assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]  # lossless
+    revealed, expected = [], []
+    for sample, record in zip(batch.samples, records):
+        with torch.no_grad():
+            argmax = target(torch.tensor([sample.prompt_ids + sample.completion_ids])).logits[0].argmax(-1).tolist()
+        start = len(sample.prompt_ids) - 1
+        revealed += [record.revealed[p] for p in sorted(record.revealed)]
+        expected += [argmax[start + p] == sample.completion_ids[p] for p in sorted(record.revealed)]
+    assert revealed == expected and set(revealed) == {True, False}
+    outcomes = Trace(records, [len(s.completion_ids) for s in batch.samples]).outcomes
+    assert sum((row[:len(s.completion_ids)] == UNSEEN).sum() for row, s in zip(outcomes, batch.samples)) <= len(prompts)
 
 
 def test_a_batch_larger_than_max_num_seqs_is_not_a_closed_batch(target, draft):
