@@ -54,7 +54,9 @@ class Engine:
         start = time.perf_counter()
         plan = self.scheduler.plan()
         self._prefill(plan)
+        clock = time.perf_counter()
         self._condense(plan.requests)
+        condense_seconds = time.perf_counter() - clock
         # Rows in slot order: a batch in slots 0 .. n - 1 reads its keys as one slice of the cache, not a gather.
         requests = sorted(plan.requests, key=lambda r: r.slot)
         k_max = plan.k_max if self.draft_cap is None else min(plan.k_max, self.draft_cap)
@@ -73,6 +75,7 @@ class Engine:
             proposal = self._allocate(req_ids, proposal, uncached, draft_seconds)
         elif self.adaptive is not None and self.adaptive.cuts_under_cap(drafted):
             cut, proposal = proposal, _trim(proposal, self.adaptive.verified_under_cap(req_ids, proposal.confidence))
+            draft_seconds = time.perf_counter() - clock  # choosing the drafts to verify is part of drafting them
         clock = time.perf_counter()
         result = self._verify(requests, proposal)
         self.stats.observe_step(plan.batch_size, k_max)
@@ -88,7 +91,7 @@ class Engine:
         if self.adaptive is not None:
             self.adaptive.observe_times(uncached, proposal.num_draft_tokens, verify_seconds)
         self.timing.observe_step(time.perf_counter() - start, draft_seconds, verify_seconds,
-                                 sum(proposal.num_draft_tokens))
+                                 sum(proposal.num_draft_tokens), condense_seconds)
         return finished
 
     def _prefill(self, plan: StepPlan) -> None:

@@ -24,13 +24,18 @@ tokens at K = 8.
 
 A replayed step drafts, for each running request, K drafts or as many as its room allows if fewer (max_tokens and
 max_model_len: k drafts emit up to k + 1 tokens), and none past its stop token where the drafter drafted it, as the
-engine does. It costs the step-cost model's draft forwards over the rows still drafting at each depth (the first
-one a token more per row whose drafts the replay accepted in full the step before), and verifying one token per
-running request plus its drafts, plus the batch's measured time per step outside drafting and verification. Its
-first step (prompts) is the measured one less its drafting and its drafts' verification, plus the replayed drafts'
-forwards and verification. The drafter's prompt prefill, what the measured first step's drafting took beyond its own
-draft forwards in the model, is charged at every K >= 1 by the caller (`prefill_seconds`; spec/closed_batch.py takes
-its median over batches). At K = 0 a step is one token per running request, and there are no draws.
+engine does. It costs the step-cost model's draft forwards over the rows still drafting at each depth (the first one
+a token more per row whose drafts the replay accepted in full the step before), and verifying one token per running
+request plus its drafts, plus the batch's measured time per step outside drafting and verification, and once, at
+every K, its measured time moving requests down the cache past finished ones (Engine._condense: a copy per finished
+request, whatever K; at 256 requests 10-13 ms a batch at each of K = 0-4, default workload, where charged per step
+with the rest it priced K = 0's 39-41 steps 2.7% high: measured over replayed 0.972, so 0.999, 16 batches). Under a
+closed batch's cap, choosing which drafts to verify counts as drafting (6-8 ms a batch of 256), which the replays
+price by the model's draft forwards alone. Its first step (prompts) is the measured one less its drafting and its
+drafts' verification, plus the replayed drafts' forwards and verification. The drafter's prompt prefill, what the
+measured first step's drafting took beyond its own draft forwards in the model, is charged at every K >= 1 by the
+caller (`prefill_seconds`; spec/closed_batch.py takes its median over batches). At K = 0 a step is one token per
+running request, and there are no draws.
 Replaying K = 0-8 takes about 0.6 ms after a batch of 1 request, 2 ms after one of 16, 25 ms after one of 256
 (2-core CPU).
 """
@@ -54,26 +59,30 @@ _SEED = 0  # common random numbers: every K and every batch replays the same dra
 class BatchTiming:
     """Measured seconds of one engine run, filled step by step."""
     seconds: float = 0.0  # every step
-    draft_seconds: float = 0.0  # proposing
+    draft_seconds: float = 0.0  # proposing (and under a closed batch's cap, choosing the drafts to verify)
     verify_seconds: float = 0.0  # target forward, rejection sampling, commit
     first_step_seconds: float = 0.0  # the first step (it prefills the prompts), less its drafting
     first_step_draft_seconds: float = 0.0  # the first step's drafting (the drafter prefills the prompts too)
     first_step_drafts: int = 0  # drafts the first step verified
+    condense_seconds: float = 0.0  # moving requests down the cache past finished ones (Engine._condense)
     num_steps: int = 0
 
-    def observe_step(self, seconds: float, draft_seconds: float, verify_seconds: float, num_drafts: int = 0) -> None:
+    def observe_step(self, seconds: float, draft_seconds: float, verify_seconds: float, num_drafts: int = 0,
+                     condense_seconds: float = 0.0) -> None:
         if not self.num_steps:
             self.first_step_seconds, self.first_step_drafts = seconds - draft_seconds, num_drafts
             self.first_step_draft_seconds = draft_seconds
         self.seconds += seconds
         self.draft_seconds += draft_seconds
         self.verify_seconds += verify_seconds
+        self.condense_seconds += condense_seconds
         self.num_steps += 1
 
     @property
     def other_seconds_per_step(self) -> float:
-        """Mean seconds per step outside drafting and verification (scheduling, bookkeeping, the policy itself)."""
-        return (self.seconds - self.draft_seconds - self.verify_seconds) / max(self.num_steps, 1)
+        """Mean seconds per step outside drafting, verification and moving requests (scheduling, bookkeeping)."""
+        outside = self.seconds - self.draft_seconds - self.verify_seconds - self.condense_seconds
+        return outside / max(self.num_steps, 1)
 
 
 class Trace:
@@ -223,4 +232,4 @@ def _seconds(running: np.ndarray, drafts: np.ndarray, wide: np.ndarray, timing: 
     verify = np.zeros(later.shape)
     verify[later] = np.array([costs.verify_cost(*divmod(shape, width)) for shape in shapes.tolist()])[where]
     total = (verify + (drafting[..., 1:] + timing.other_seconds_per_step) * later).sum((1, 2)) / rows.shape[1]
-    return [f + t for f, t in zip(first, total.tolist())]
+    return [f + t + timing.condense_seconds for f, t in zip(first, total.tolist())]

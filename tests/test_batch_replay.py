@@ -163,3 +163,17 @@ def test_a_request_drafts_no_more_than_its_room_allows_nor_past_a_drafted_stop(s
     first = COSTS.draft_cost([1] * num_drafts) + COSTS.verify_cost(1, 1 + num_drafts) - COSTS.verify_cost(1, 1)
     assert replayed_seconds([3], [room], Trace([record(steps)], [3]), 8, _timing(), COSTS)[8] == \
         pytest.approx(4.0 + first)
+
+
+def test_moving_requests_down_the_cache_is_charged_once_at_every_k_not_per_step():
+    # The batch moved requests past finished ones for 0.3 s in its second step (Engine._condense: a copy per
+    # finished request, whatever K). It is not part of a step's time outside drafting and verification, which a
+    # replay charges per step (K = 0 takes 11 steps here, K = 1 6); it is charged as measured, once, at every K.
+    lengths = [12]
+    moved = BatchTiming()
+    moved.observe_step(seconds=5.0, draft_seconds=1.0, verify_seconds=3.5)
+    moved.observe_step(seconds=2.3, draft_seconds=0.5, verify_seconds=1.0, condense_seconds=0.3)
+    assert moved.condense_seconds == 0.3 and moved.other_seconds_per_step == pytest.approx(0.5)  # as _timing()'s
+    plain, with_moves = (replayed_seconds(lengths, [64], _sure(lengths), 2, timing, COSTS)
+                         for timing in (_timing(), moved))
+    assert [b - a for a, b in zip(plain, with_moves)] == pytest.approx([0.3] * 3)

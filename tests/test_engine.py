@@ -1,11 +1,13 @@
 """End-to-end engine behaviour on tiny random models: losslessness, logprobs, stops, records, determinism."""
 
 import gc
+import time
 
 import pytest
 import torch
 
 from rollout import RolloutGenerator, SamplingParams
+from rollout.engine import Engine
 from spec import Proposal
 from spec.sampling import SamplingTensors, processed_logprobs
 
@@ -145,6 +147,22 @@ def test_the_batch_is_condensed_into_its_lowest_slots(target, draft):
         logp = torch.log_softmax(logits, dim=-1)
         expected = logp[torch.arange(len(sample.completion_ids)), sample.completion_ids].tolist()
         assert sample.logprobs == pytest.approx(expected, abs=1e-4)  # as in the test above
+
+
+def test_the_moves_are_timed_apart_from_a_step_s_other_work(target, monkeypatch):
+    """The closed-batch replays charge the batch's moves once at every K and its other work per step
+    (spec/batch_replay.py): a move made to take 20 ms is counted in condense_seconds, not in the other seconds."""
+    gen = RolloutGenerator(target, max_num_seqs=8, max_model_len=24)
+    engines, moves = [], []
+    run = Engine.run
+    monkeypatch.setattr(Engine, "run", lambda self, **kwargs: engines.append(self) or run(self, **kwargs))
+    copy_prefix = gen.runner.copy_prefix
+    gen.runner.copy_prefix = lambda *args: moves.append(time.sleep(0.02)) or copy_prefix(*args)
+    prompts = [[5 + i] * length for i, length in enumerate((2, 9, 4, 12, 1, 7, 3, 6))]
+    gen.generate(prompts, 1, SamplingParams(temperature=1.0, max_tokens=30, seed=3), use_tqdm=False)
+    timing = engines[0].timing
+    assert moves and timing.condense_seconds >= 0.02 * len(moves)
+    assert timing.other_seconds_per_step < 0.02 * len(moves) / timing.num_steps
 
 
 def test_the_start_up_heap_is_frozen_out_of_the_garbage_collectors_scans(target):
