@@ -168,7 +168,7 @@ def test_a_request_drafts_no_more_than_its_room_allows_nor_past_a_drafted_stop(s
 def test_moving_requests_down_the_cache_is_charged_once_at_every_k_not_per_step():
     # The batch moved requests past finished ones for 0.3 s in its second step (Engine._condense: a copy per
     # finished request, whatever K). It is not part of a step's time outside drafting and verification, which a
-    # replay charges per step (K = 0 takes 11 steps here, K = 1 6); it is charged as measured, once, at every K.
+    # replay charges per step (K = 0 takes 12 steps here, K = 1 6); it is charged as measured, once, at every K.
     lengths = [12]
     moved = BatchTiming()
     moved.observe_step(seconds=5.0, draft_seconds=1.0, verify_seconds=3.5)
