@@ -11,11 +11,11 @@ ratio; its standard error, from that window's repeats; and across windows, the s
 Were the machine's relative costs steady, the windows' means would spread by their standard errors alone (`noise`);
 what they spread beyond that (`drift`: the square root of the difference of the two variances, 0 where it is
 negative) is the machine changing which K is fastest. Adaptive verification chooses K from a cost model measured
-and refined on this machine (spec/step_cost.py, spec/closed_batch.py), and the speculation benchmark's target compares
+and refined on this machine (spec/adaptive/step_cost.py, spec/adaptive/closed_batch.py), and the speculation benchmark's target compares
 it with the best other arm in hindsight: where the Ks differ by less than the drift, whichever K is chosen, another
 leads in some windows.
 The same question one level down, first: the verification step alone (a target forward and rejection sampling over
-batch-size rows, as the start-up profile times it, spec/cost_profile.py), each `--step-widths` tokens a row against 1,
+batch-size rows, as the start-up profile times it, spec/adaptive/cost_profile.py), each `--step-widths` tokens a row against 1,
 in `--step-windows` windows of `--step-repeats` interleaved pairs. Its ratios are the slopes the step-cost model prices
 K with; where they drift, a profile taken at one moment is off by that much at the next, however steady its own
 timing.
@@ -34,7 +34,7 @@ from transformers import AutoTokenizer
 
 from bench_speculation import WORKLOADS, _engine_arm, _interleaved, _repeat_ratios, _summarise, arms, load
 from rollout import RolloutGenerator, default_model_paths
-from spec.cost_profile import _CONTEXT, _verify
+from spec.adaptive.cost_profile import _CONTEXT, _verify
 
 
 def window_stats(runs: dict[str, list[dict]], ks: list[int]) -> dict[str, dict]:
@@ -155,7 +155,7 @@ def main() -> None:
     configs = {"no_spec": None, **{f"K={k}": {**arms()["K=1"], "num_speculative_tokens": k} for k in ks}}
     generators = {name: RolloutGenerator(target, tokenizer=tokenizer, draft_model=draft, speculative_config=config,
                                          max_num_seqs=args.batch_size) for name, config in configs.items()}
-    steps = step_windows(generators["no_spec"].runner, args.batch_size, step_widths, args.step_windows,
+    steps = step_windows(generators["no_spec"].backend.runner, args.batch_size, step_widths, args.step_windows,
                          args.step_repeats)
     for window, stats in enumerate(steps):
         print(f"step window {window + 1}: {window_line(stats)}", flush=True)

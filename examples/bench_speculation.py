@@ -16,11 +16,11 @@ proportionally fewer, at least `--min-repeats` (the machine's timing noise is th
 Adaptive arms keep their calibration, refined costs and closed-batch records across calls, as a training run does,
 and start afresh for each workload, as a new training run does; every arm runs once untimed first, and then
 `--warmup` untimed batches at each batch size before its timed ones: a training run repeats its batch size every
-step, and adaptive verification's closed-batch decisions (spec/closed_batch.py) use a batch size's last 3 batches
+step, and adaptive verification's closed-batch decisions (spec/adaptive/closed_batch.py) use a batch size's last 3 batches
 there, more where those hold fewer than 64 requests (the warm-up batches' tokens/s are reported too). HF
 `model.generate` on the same target is one more arm on the default workload. Also reported: verified tokens per
 emitted token per arm, the adaptive arms over the schedule paired repeat by repeat (`paired_ratio`: robust to a slow
-spell of the machine), and the speedup the measured step costs predict for each static K (spec/tuning.py).
+spell of the machine), and the speedup the measured step costs predict for each static K (spec/adaptive/tuning.py).
 
 The targets' comparison, the adaptive arms over the best other arm, is then measured again at each batch size on
 `--confirm-repeats` fresh repeats of just those three arms (`confirm`; 4x that up to 16 requests and 2x at 32, where
@@ -47,8 +47,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts
 from rollout.cli import DEFAULT_SCHEDULE
 from rollout.tune import repeats_at
-from spec.closed_batch import NUM_BATCHES
-from spec.tuning import predicted_speedup
+from spec.adaptive.closed_batch import NUM_BATCHES
+from spec.adaptive.tuning import predicted_speedup
 
 STATIC_KS = (1, 2, 4, 8)
 MAX_K = max(STATIC_KS)
@@ -307,7 +307,7 @@ def main() -> None:
         # A new training run per workload: adaptive arms start afresh (their step costs from the disk cache)
         generators = {name: RolloutGenerator(target, tokenizer=tokenizer, draft_model=draft, speculative_config=config,
                                              max_num_seqs=max(batch_sizes)) for name, config in arms().items()}
-        costs = generators["adaptive"].adaptive.costs  # measured at start-up on this machine (or the disk cache)
+        costs = generators["adaptive"].backend.policy.costs  # measured at start-up on this machine (or the disk cache)
         runners = {name: _engine_arm(g) for name, g in generators.items()}
         if workload == "default":
             runners["hf_generate"] = _hf_arm(target, tokenizer)

@@ -11,7 +11,7 @@ from rollout.default_task import default_prompts
 from rollout.generator import RolloutGenerator
 from rollout.sampling_params import SamplingParams
 from rollout.tune import main as run_tune
-from spec.tuning import MIN_GAIN
+from spec.adaptive.tuning import MIN_GAIN
 
 # K by live batch size for the default pair: the table `python -m rollout tune --max-k 8` printed on the 2-core
 # CPU this project is developed on (2 torch threads, every K timed on real rollouts at batch sizes 1..256; the

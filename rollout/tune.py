@@ -2,7 +2,7 @@
 the speculative-config JSON that this engine and `vllm serve --speculative-config` both accept.
 
 Two steps. (1) Predict: roll out the default task once at the largest K to measure acceptance per draft position,
-measure the step costs, and predict each K's speedup per batch size (spec/tuning.py). (2) Measure (unless
+measure the step costs, and predict each K's speedup per batch size (spec/adaptive/tuning.py). (2) Measure (unless
 `--predict-only`): at each batch size of a doubling grid, roll out the same prompts with every candidate K (0,
 powers of two up to the largest K, and the predicted best) as a one-range schedule on the same generator,
 interleaved, over `--repeats` prompt sets, and keep the smallest K that the fastest does not beat by `--min-gain`
@@ -20,9 +20,9 @@ from rollout.default_task import default_prompts
 from rollout.generator import RolloutGenerator
 from rollout.sampling_params import SamplingParams
 from spec import SpecConfig
-from spec.cost_profile import doubling_grid
+from spec.adaptive.cost_profile import doubling_grid
 from spec.schedule import BatchSizeSchedule
-from spec.tuning import best_k, smallest_k_within, tuned_schedule
+from spec.adaptive.tuning import best_k, smallest_k_within, tuned_schedule
 
 _REPORTED_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -39,7 +39,7 @@ def tune(args, base_config: dict) -> dict:
     batch = generator.generate(default_prompts(args.num_prompts, seed=args.seed), args.num_generations, params,
                                use_tqdm=not args.no_progress)
     acceptance = batch.stats["acceptance_rate_per_position"]
-    costs = generator.measure_step_costs(refresh=True)  # also caches them for adaptive verification
+    costs = generator.backend.measure_step_costs(refresh=True)  # also caches them for adaptive verification
     predicted = {b: best_k(acceptance, costs, b, args.min_gain)
                  for b in _REPORTED_BATCH_SIZES if b <= args.max_num_seqs}
     if args.predict_only:
@@ -90,7 +90,7 @@ def repeats_at(batch_size: int, repeats: int) -> int:
 def _use_k(generator: RolloutGenerator, static: dict, k: int) -> RolloutGenerator:
     """The generator with K drafts at every batch size (0: none). Only the config changes: a static-K drafter
     drafts as many tokens as each step asks for."""
-    generator.config = SpecConfig.from_dict(
+    generator.backend.config = SpecConfig.from_dict(
         {**static, "num_speculative_tokens_per_batch_size": [[1, generator.max_num_seqs, k]]})
     return generator
 

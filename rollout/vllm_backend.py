@@ -89,13 +89,13 @@ class VLLMBackend:
         self.llm = _build_llm(vllm, kwargs, spec)
         self.startup_s = time.perf_counter() - start
 
-    def generate(self, prompt_ids: list[list[int]], num_generations: int, params, base_seed: int,
+    def generate(self, prompt_ids: list[list[int]], num_generations: int, params, seed: int,
                  decode=None, use_tqdm: bool = False) -> RolloutBatch:
         """num_generations samples per prompt, in input order; `params` is a SamplingParams or a
         vllm.SamplingParams (checked before anything is submitted). decode: token ids -> text, or None."""
         from vllm.inputs import TokensPrompt
         keys = [(i, j) for i in range(len(prompt_ids)) for j in range(num_generations)]
-        sampling = [self._sampling_params(params, mix_seed(base_seed, i, j))
+        sampling = [self._sampling_params(params, mix_seed(seed, i, j))
                     for i, j in keys]
         prompts = [TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i, _ in keys]
         before = self._counters()
@@ -117,6 +117,13 @@ class VLLMBackend:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
         return len(weights)
+
+    def load_draft_weights(self, named_tensors) -> int:
+        raise NotImplementedError("loading draft-model weights into a running vLLM engine is not supported yet; "
+                                  "use backend='embedded' for drafter refresh")
+
+    def draft_model_copy(self) -> torch.nn.Module:
+        raise NotImplementedError("drafter refresh on backend='vllm' is not supported yet; use backend='embedded'")
 
     def _sampling_params(self, params, seed: int):
         import vllm

@@ -1,19 +1,18 @@
-"""Speculative-decoding algorithms: config and per-batch-size schedule, drafters, lossless verification,
-acceptance metrics. Depends on torch and numpy only; never on `rollout` or `trainers`."""
+"""Speculative-decoding algorithms: config and per-batch-size schedule, the speculation policy seam, drafters,
+lossless verification, acceptance metrics and the model runners. Depends on torch and numpy only; never on `rollout`
+or `trainers`. Adaptive verification lives in `spec.adaptive`, which this core never imports."""
 
-from spec.adaptive import AdaptiveVerifier
-from spec.calibration import ConfidenceCalibrator
 from spec.config import SpecConfig
 from spec.metrics import AcceptanceStats, RequestAcceptance
+from spec.policy import DraftPlan, RunOutcome, SpeculationPolicy, StaticPolicy, StepInfo, StepOutcome
 from spec.proposers import DraftRequest, Proposal, Proposer, build_proposer
 from spec.rejection import VerifyResult, rejection_sample
 from spec.sampling import SamplingTensors, processed_logprobs
 from spec.schedule import BatchSizeSchedule
-from spec.step_cost import StepCostModel
 from spec.uniforms import PositionUniforms
 
 __all__ = [
-    "AcceptanceStats", "AdaptiveVerifier", "BatchSizeSchedule", "ConfidenceCalibrator", "DraftRequest",
-    "PositionUniforms", "Proposal", "Proposer", "RequestAcceptance", "SamplingTensors", "SpecConfig", "StepCostModel",
-    "VerifyResult", "build_proposer", "processed_logprobs", "rejection_sample",
+    "AcceptanceStats", "BatchSizeSchedule", "DraftPlan", "DraftRequest", "PositionUniforms", "Proposal", "Proposer",
+    "RequestAcceptance", "RunOutcome", "SamplingTensors", "SpecConfig", "SpeculationPolicy", "StaticPolicy",
+    "StepInfo", "StepOutcome", "VerifyResult", "build_proposer", "processed_logprobs", "rejection_sample",
 ]

@@ -25,7 +25,7 @@ class SpecConfig:
     num_speculative_tokens_per_batch_size: [[range_start, range_end, K], ...]; K by live batch size
         (spec/schedule.py has the rules); None: always num_speculative_tokens.
     enable_adaptive_verification: each step, verify per request only the drafts whose calibrated survival pays
-        for their verification time (spec/adaptive.py); K (or the schedule's K) is the cap. Embedded engine:
+        for their verification time (spec/adaptive/policy.py); K (or the schedule's K) is the cap. Embedded engine:
         every drafter, with point proposals (greedy draft sampling); vLLM: its DSpark drafter only.
     rejection_sample_method: `standard` (lossless; the only one the embedded engine runs), `synthetic`, `block`.
     draft_sample_method: `greedy` (drafts are the draft distribution's argmax) or `probabilistic` (sampled).

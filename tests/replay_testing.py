@@ -1,6 +1,7 @@
 """Shared pieces of the closed-batch tests: a step-cost table and acceptance records built from their steps."""
 
-from spec import RequestAcceptance, StepCostModel
+from spec import RequestAcceptance
+from spec.adaptive import StepCostModel
 
 COSTS = StepCostModel({1: {1: 1.0, 2: 1.5}, 2: {2: 2.0, 4: 3.0}, 4: {4: 3.0, 8: 5.0}}, {1: 0.1, 4: 0.2})
 

@@ -5,7 +5,7 @@ import pytest
 
 from replay_testing import COSTS, flat_costs, record
 from spec import RequestAcceptance
-from spec.batch_replay import ACCEPTED as A, PRIOR, REJECTED as R, UNSEEN as U, BatchTiming, Trace, \
+from spec.adaptive.batch_replay import ACCEPTED as A, PRIOR, REJECTED as R, UNSEEN as U, BatchTiming, Trace, \
     prefill_seconds, replayed_seconds
 
 STEPS = flat_costs(1e-9)  # draft forwards next to free: a replay's seconds count its steps

@@ -1,11 +1,11 @@
-"""Adaptive verification's allocation (spec/budget.py) against a brute-force search over every allocation."""
+"""Adaptive verification's allocation (spec/adaptive/budget.py) against a brute-force search over every allocation."""
 
 import itertools
 
 import numpy as np
 import pytest
 
-from spec.budget import choose_budget
+from spec.adaptive.budget import choose_budget
 
 
 def _random_case(rng: np.random.Generator):
@@ -70,7 +70,7 @@ def test_threshold_separates_what_a_further_draft_needs():
 
 
 def _padded(rng: np.random.Generator, num_reqs: int):
-    """A verify cost with the ragged runner's shape (spec/step_cost.py): the widest row's width in every row, less a
+    """A verify cost with the ragged runner's shape (spec/adaptive/step_cost.py): the widest row's width in every row, less a
     per-token cost for the tokens short of it."""
     per_width = 1.0 + np.cumsum(rng.uniform(0.1, 1.0, size=16))
     per_token = float(rng.uniform(0.0, 0.1)) / num_reqs

@@ -1,10 +1,10 @@
-"""Online confidence calibration (spec/calibration.py) on synthetic streams with known acceptance probabilities."""
+"""Online confidence calibration (spec/adaptive/calibration.py) on synthetic streams with known acceptance probabilities."""
 
 import numpy as np
 import pytest
 
-from spec.calibration import ConfidenceCalibrator
-from spec.monotone import isotonic
+from spec.adaptive.calibration import ConfidenceCalibrator
+from spec.adaptive.monotone import isotonic
 
 TRUE_MAPS = {0: lambda c: c ** 2, 1: lambda c: 0.2 + 0.5 * c, 2: lambda c: np.full_like(c, 0.7)}
 

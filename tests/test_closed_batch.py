@@ -7,17 +7,17 @@ import torch
 
 from replay_testing import COSTS, flat_costs, record
 from rollout import RolloutGenerator, SamplingParams
-from spec import RequestAcceptance, StepCostModel
-from spec.batch_replay import UNSEEN, BatchTiming, Trace
-from spec.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, REPLAY_REQUESTS, ClosedBatchSchedule, Replay, \
+from spec import RequestAcceptance
+from spec.adaptive import StepCostModel
+from spec.adaptive.batch_replay import UNSEEN, BatchTiming, Trace
+from spec.adaptive.closed_batch import FIRST_RECHECK, NUM_BATCHES, RECHECK, REPLAY_REQUESTS, ClosedBatchSchedule, Replay, \
     best_k, drafting_wins
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 
 
 def _timing(seconds: float = 1e6) -> BatchTiming:
-    """A two-step run: the first step 0 s, nothing outside verification (a replay reads only these), long enough
-    that replaying it stays within REPLAY_SHARE."""
+    """A two-step run: the first step 0 s, nothing outside verification (a replay reads only these)."""
     timing = BatchTiming()
     timing.observe_step(0.0, 0.0, 0.0)
     timing.observe_step(seconds, 0.0, seconds)
@@ -71,7 +71,7 @@ def test_a_size_where_no_drafts_replay_fastest_decodes_without_them_and_rechecks
 # 4 requests of 40 tokens whose drafts are accepted twice, then rejected, over and over (every position seen, so the
 # replays draw nothing): a step emits 2 tokens at K = 1, 3 at K = 2 and at K = 3, whose third draft is always
 # rejected. At 0.3 s a draft forward and 1 s a verification, K = 0-3 replay at 39.0, 34.1, 21.1, 25.0 s
-# (spec/batch_replay.py). Accepted three times, then rejected: 4 tokens a step at K = 3.
+# (spec/adaptive/batch_replay.py). Accepted three times, then rejected: 4 tokens a step at K = 3.
 TWO_IN_THREE = [record([(3, 2)] * 14)] * 4
 THREE_IN_FOUR = [record([(4, 3)] * 10)] * 4
 LONG = [40] * 4
@@ -129,34 +129,6 @@ def test_a_stall_in_one_batchs_prompt_prefill_does_not_turn_drafting_off():
     assert not drafting_wins([stalled, stalled, steady])  # a prefill dear in most batches counts
 
 
-def test_a_size_whose_window_is_full_and_whose_replays_took_their_share_replays_no_more_batches_but_its_rechecks():
-    schedule = ClosedBatchSchedule()
-    wide = [40] * REPLAY_REQUESTS  # each batch fills the window's requests: it is full from NUM_BATCHES batches
-    for _ in range(NUM_BATCHES):  # replayed whatever they cost until the window is full
-        _observe(schedule, wide, drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:1] * len(wide), k_limit=3,
-                 seconds=1e-6)
-    assert len(schedule._replays[7]) == NUM_BATCHES
-    last = schedule._replays[7][-1]
-    three = [record([(4, 3)] * 10)] * len(wide)  # another batch, that would replay otherwise
-    assert not schedule.records(64)  # the replays took more than their share: the engine learns nothing either
-    _observe(schedule, wide, drafted=True, costs=flat_costs(0.3), records=three, k_limit=3)  # 1e6 s
-    assert schedule._replays[7][-1] is last  # not replayed, but its time counts: the next batch is
-    assert schedule.records(64) and schedule.records(127) and schedule.records(32)  # (32: no window yet)
-    _observe(schedule, wide, drafted=True, costs=flat_costs(0.3), records=three, k_limit=3, seconds=1e-6)
-    assert schedule._replays[7][-1] is not last
-    never = [record([(1, 0)] * 40)] * len(wide)  # K = 0 replays fastest; then a recheck is replayed anyway
-    for _ in range(NUM_BATCHES):
-        _observe(schedule, wide, drafted=True, costs=flat_costs(0.02), records=never, k_limit=3)
-    assert not schedule.allows_drafting(64)
-    for _ in range(RECHECK):  # the batches confirmed the loss again and again: the wait has grown
-        if schedule.allows_drafting(64):
-            break
-        _observe(schedule, wide, drafted=False, seconds=1e-6)
-    assert schedule.allows_drafting(64) and schedule.records(64)
-    _observe(schedule, wide, drafted=True, costs=flat_costs(0.02), records=three, k_limit=3, seconds=1e-6)
-    assert schedule._replays[7][-1][1][3] < 39.0  # the recheck's replay: K = 3 wins
-
-
 def _adaptive(target, draft, max_num_seqs=4, draft_seconds=0.01, token_seconds=0.0):
     """Verification 1 s a step plus token_seconds a token beyond one per row; a draft forward draft_seconds."""
     config = {"method": "draft_model", "num_speculative_tokens": 3, "enable_adaptive_verification": True}
@@ -166,11 +138,12 @@ def _adaptive(target, draft, max_num_seqs=4, draft_seconds=0.01, token_seconds=0
                             max_model_len=64, step_costs=costs)
 
 
+
 def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(target, draft):
     prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9]]
     plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(prompts, 1, GREEDY, use_tqdm=False)
     generator = _adaptive(target, draft)
-    schedule, costs, lengths = generator.adaptive.closed_batch, generator.adaptive.costs, [12, 12, 12]
+    schedule, costs, lengths = generator.backend.policy.closed_batch, generator.backend.policy.costs, [12, 12, 12]
     # fabricated: every draft rejected, so each draft forward replays as a loss
     _observe(schedule, lengths, drafted=True, costs=costs, records=[record([(1, 0)] * 12)] * 3, k_limit=3)
     batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
@@ -183,7 +156,7 @@ def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(
     fresh = _adaptive(target, target)  # the target drafting for itself: greedy, every draft accepted
     caps = []  # nothing known: no cap; then the K the batches replayed fastest
     for _ in range(NUM_BATCHES):
-        expected = fresh.adaptive.closed_batch.k_max(3)
+        expected = fresh.backend.policy.closed_batch.k_max(3)
         batch = fresh.generate(prompts, 1, GREEDY, use_tqdm=False)
         caps.append(batch.stats["draft_cap"])
         assert batch.stats["draft_cap"] == (3 if expected is None else expected)
@@ -193,49 +166,25 @@ def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(
     assert caps == [3, 3, 3]
 
 
-def test_under_its_cap_a_closed_batch_drafts_for_every_request_and_as_deep_as_the_critical_path_pays(target, draft):
+def test_under_its_cap_a_closed_batch_drafts_and_verifies_the_cap_for_every_request(target, draft):
     prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9]]
     plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(prompts, 1, GREEDY, use_tqdm=False)
-    for draft_seconds, depth in ((10.0, 1), (0.0001, 2)):
-        # dear draft forwards: per step none would pay, and under the cap every request still gets a first draft
-        # but no second; nearly free ones: every request gets the cap
-        generator = _adaptive(target, draft, draft_seconds=draft_seconds)
-        if depth == 1:
-            open_batch = generator.generate(prompts + prompts[:2], 1, GREEDY, use_tqdm=False)  # 5 > 4: not closed
-            assert open_batch.stats["draft_cap"] == 3  # no cap: the per-step policy trims, from its second step on
-            assert all(0 in s.acceptance["k_per_step"][1:-1] for s in open_batch.samples)
-        _observe(generator.adaptive.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3),
-                 records=TWO_IN_THREE[:3], k_limit=3)  # size 3: K = 2
-        batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
-        assert batch.stats["draft_cap"] == 2 and batch.metrics["spec/draft_cap"] == 2.0
-        for sample in batch.samples:  # at every step, `depth` drafts or as many as the request had room for
-            before = 0
-            for offered, accepted in zip(sample.acceptance["k_per_step"], sample.acceptance["num_accepted_per_step"]):
-                assert offered == min(depth, GREEDY.max_tokens - before - 1)
-                before += accepted + 1
-        assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
-
-
-def test_a_closed_batch_that_its_sizes_replays_do_not_record_teaches_neither_calibrator_nor_costs(target, draft):
-    prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9]]
-    plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(prompts, 1, GREEDY, use_tqdm=False)
-    generator = _adaptive(target, draft)
-    adaptive = generator.adaptive
-    adaptive.refine = True  # as for measured costs (a supplied table is used as given)
-    for _ in range(-(-REPLAY_REQUESTS // 3)):  # size 3's window fills, its replays far over their share of 1e-6 s
-        _observe(adaptive.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
-                 k_limit=3, seconds=1e-6)
-    assert not adaptive.closed_batch.records(3)
-    for learns in (False, True):
-        observed, costs = adaptive.calibrator.num_observations, adaptive.costs.to_dict()
-        batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
-        assert batch.stats["draft_cap"] == 2 and batch.stats["num_proposed_draft_tokens"] > 0
-        assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
-        assert (adaptive.calibrator.num_observations > observed) == learns == adaptive.traced
-        assert (adaptive.costs.to_dict() != costs) == learns
-        _observe(adaptive.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
-                 k_limit=3)  # 1e6 s: the replays are within their share again, and the next batch is recorded
-        assert adaptive.closed_batch.records(3)
+    # dear draft forwards: per step none pays, yet under the cap every request drafts and verifies it
+    generator = _adaptive(target, draft, draft_seconds=10.0)
+    open_batch = generator.generate(prompts + prompts[:2], 1, GREEDY, use_tqdm=False)  # 5 > 4: not closed
+    assert open_batch.stats["draft_cap"] == 3  # no cap: the per-step policy drafts nothing from its second step on
+    assert all(0 in s.acceptance["k_per_step"][1:-1] for s in open_batch.samples)
+    _observe(generator.backend.policy.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3),
+             records=TWO_IN_THREE[:3], k_limit=3)  # size 3: K = 2
+    batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
+    assert batch.stats["draft_cap"] == 2 and batch.metrics["spec/draft_cap"] == 2.0
+    assert batch.stats["num_draft_tokens"] == batch.stats["num_proposed_draft_tokens"]  # every draft verified
+    for sample in batch.samples:  # at every step, 2 drafts or as many as the request had room for
+        before = 0
+        for offered, accepted in zip(sample.acceptance["k_per_step"], sample.acceptance["num_accepted_per_step"]):
+            assert offered == min(2, GREEDY.max_tokens - before - 1)
+            before += accepted + 1
+    assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
 
 
 def test_a_closed_batchs_trace_holds_the_outcomes_its_drafter_revealed_where_it_verified_no_draft(target):
@@ -246,7 +195,7 @@ def test_a_closed_batchs_trace_holds_the_outcomes_its_drafter_revealed_where_it_
     prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9], [2, 8, 2, 8]]
     params = SamplingParams(temperature=1.0, max_tokens=40, seed=3)
     generator = _adaptive(target, target)
-    schedule, records = generator.adaptive.closed_batch, []
+    schedule, records = generator.backend.policy.closed_batch, []
     observe = schedule.observe
     schedule.observe = lambda lengths, max_lengths, batch_records, *rest, **kw: (
         records.extend(batch_records), observe(lengths, max_lengths, batch_records, *rest, **kw))
@@ -264,43 +213,9 @@ def test_a_closed_batchs_trace_holds_the_outcomes_its_drafter_revealed_where_it_
     assert sum((row[:len(s.completion_ids)] == UNSEEN).sum() for row, s in zip(outcomes, samples)) <= len(samples)
 
 
-def test_under_its_cap_a_closed_batch_verifies_the_drafts_that_pay_at_its_rate_and_reveals_the_first_one_cut(
-        target, monkeypatch):
-    # As above, where a verified token costs 0.2 s: under the cap (K = 3 for 4 requests), drafts that do not pay at
-    # the batch's rate are drafted but not verified, here from 4 rows on (32 in use). Where a request accepted all
-    # it verified, the token after them stands where its first cut draft did, and the trace holds whether that draft
-    # would have been accepted: whether it is the target's argmax there (the drafter's own draft), as the HF forward
-    # over the completion finds.
-    prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9], [2, 8, 2, 8]]
-    params = SamplingParams(temperature=1.0, max_tokens=40, seed=3)
-    plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(prompts, 1, params, use_tqdm=False)
-    monkeypatch.setattr("spec.adaptive.CUT_MIN_ROWS", 4)
-    generator = _adaptive(target, target, token_seconds=0.2)
-    schedule, records = generator.adaptive.closed_batch, []
-    _observe(schedule, LONG, drafted=True, costs=flat_costs(0.02), records=THREE_IN_FOUR, k_limit=3)
-    observe = schedule.observe
-    schedule.observe = lambda lengths, max_lengths, batch_records, *rest, **kw: (
-        records.extend(batch_records), observe(lengths, max_lengths, batch_records, *rest, **kw))
-    batch = generator.generate(prompts, 1, params, use_tqdm=False)
-    assert batch.stats["draft_cap"] == 3
-    verified = sum(sum(s.acceptance["k_per_step"]) for s in batch.samples)
-    assert 0 < verified < batch.stats["num_proposed_draft_tokens"]
-    assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]  # lossless
-    revealed, expected = [], []
-    for sample, record in zip(batch.samples, records):
-        with torch.no_grad():
-            argmax = target(torch.tensor([sample.prompt_ids + sample.completion_ids])).logits[0].argmax(-1).tolist()
-        start = len(sample.prompt_ids) - 1
-        revealed += [record.revealed[p] for p in sorted(record.revealed)]
-        expected += [argmax[start + p] == sample.completion_ids[p] for p in sorted(record.revealed)]
-    assert revealed == expected and set(revealed) == {True, False}
-    outcomes = Trace(records, [len(s.completion_ids) for s in batch.samples]).outcomes
-    assert sum((row[:len(s.completion_ids)] == UNSEEN).sum() for row, s in zip(outcomes, batch.samples)) <= len(prompts)
-
-
 def test_a_batch_larger_than_max_num_seqs_is_not_a_closed_batch(target, draft):
     generator = _adaptive(target, draft, max_num_seqs=2)
-    _observe(generator.adaptive.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
+    _observe(generator.backend.policy.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
              k_limit=3)  # size 3: K = 2
     batch = generator.generate([[5, 6, 7], [3, 4], [9, 9]], 1, GREEDY, use_tqdm=False)  # waits for a slot
     assert batch.stats["draft_cap"] == 3  # the per-step policy alone decides
@@ -309,13 +224,13 @@ def test_a_batch_larger_than_max_num_seqs_is_not_a_closed_batch(target, draft):
 
 def test_a_lone_request_is_not_a_closed_batch(target, draft):
     generator = _adaptive(target, draft)
-    schedule = generator.adaptive.closed_batch
-    _observe(schedule, [12], drafted=True, costs=generator.adaptive.costs, records=[record([(1, 0)] * 12)],
+    schedule = generator.backend.policy.closed_batch
+    _observe(schedule, [12], drafted=True, costs=generator.backend.policy.costs, records=[record([(1, 0)] * 12)],
              k_limit=3)  # fabricated: every draft rejected, so a closed batch of 1 would decode without drafts
     assert schedule.k_max(1) == 0
     plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate([[5, 6, 7]], 1, GREEDY, use_tqdm=False)
     batch = generator.generate([[5, 6, 7]], 1, GREEDY, use_tqdm=False)
     assert batch.stats["draft_cap"] == 3 and batch.stats["num_proposed_draft_tokens"] > 0  # the per-step policy
-    assert generator.adaptive.trims
+    assert generator.backend.policy.cap is None
     assert not schedule.allows_drafting(1)  # not observed: an undrafted closed batch of 1 would bring its recheck
     assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]

@@ -38,12 +38,13 @@ def _chi2_with_merged_bins(counts: dict, probs: dict) -> tuple[float, int]:
 
 
 # Adaptive verification under cost tables that make it verify some drafts and skip others (asserted below).
-# Suffix drafting: a draft pays for itself only at high survival, and the requests' matches differ.
-COSTS = {"verify": {n: {n: 1.0, 3 * n: 1.8} for n in (1, 8, 64)}, "draft": {1: 0.01, 64: 0.01}}
+# Suffix drafting (model-free: no draft table): a draft pays for itself only at high survival, and the requests'
+# matches differ.
+COSTS = {"verify": {n: {n: 1.0, 3 * n: 1.8} for n in (1, 8, 64)}}
 # The target drafting for itself: the first wave's 64 requests draft from the same context, so their survivals tie
 # and a threshold keeps all of them or none; which one rode on the last digits of the confidences, and CI's CPU read
 # all (every first step verified both drafts). Here a token costs next to nothing while at most one row in eight is
-# wider than one token (the runner attends to those apart: spec/step_cost.py) and a whole forward more beyond, so
+# wider than one token (the runner attends to those apart: spec/adaptive/step_cost.py) and a whole forward more beyond, so
 # the first wave verifies one of its two drafts on 8 rows and none on the other 56, with the confidences anywhere
 # above 1% and the measured drafting time scaled by 0.1 or 10 (checked by hand).
 SPLIT_COSTS = {"verify": {1: {1: 1.0, 2: 1.001, 3: 1.002}, 8: {8: 1.0, 9: 1.001, 16: 3.0, 24: 5.0},

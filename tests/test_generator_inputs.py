@@ -71,7 +71,7 @@ def test_non_finite_logits_are_an_error():
     generator = RolloutGenerator(broken, max_num_seqs=4)
     with pytest.raises(ValueError, match="non-finite logits"):
         generator.generate([[2, 3]], num_generations=3, use_tqdm=False)
-    assert generator.runner.num_free_slots == 4  # the failed call gave its cache slots back
+    assert generator.backend.runner.num_free_slots == 4  # the failed call gave its cache slots back
 
 
 @pytest.mark.parametrize("method", ["eagle3", "mtp"])

@@ -1,4 +1,4 @@
-"""The step-cost model (spec/step_cost.py) and its measurement and disk cache (spec/cost_profile.py)."""
+"""The step-cost model (spec/adaptive/step_cost.py) and its measurement and disk cache (spec/adaptive/cost_profile.py)."""
 
 import json
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from conftest import tiny_llama
 
-from spec import cost_profile
+from spec.adaptive import cost_profile
 from spec.model_runner import build_runner
 from spec.proposers.draft_model import DraftModelProposer
-from spec.step_cost import StepCostModel
+from spec.adaptive.step_cost import StepCostModel
 
 TABLE = {"verify": {1: {1: 1.0, 3: 2.0}, 4: {4: 2.0, 12: 6.0}}, "draft": {1: 0.5, 4: 1.0}}
 

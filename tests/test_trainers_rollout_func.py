@@ -1,11 +1,11 @@
-"""RolloutGenerator as GRPOTrainer's rollout_func (rollout/rollout_func.py): the output contract, prompt groups,
+"""RolloutGenerator as GRPOTrainer's rollout_func (trainers/rollout_func.py): the output contract, prompt groups,
 sampling settings from the GRPOConfig, and the inputs it refuses."""
 
 import pytest
 from transformers import AutoTokenizer
 
 from rollout import default_model_paths
-from rollout.rollout_func import generate_groups, group_spans, sampling_params
+from trainers.rollout_func import generate_groups, group_spans, sampling_params
 from rollout.sampling_params import SamplingParams
 from trainers_testing import default_tokenizer, grpo_config, grpo_trainer, shared_grpo_run, tiny_generator, tiny_policy
 

@@ -15,7 +15,7 @@ from trainers_testing import PROBE_IDS, grpo_config, grpo_trainer, logits, share
 def test_target_equals_trained_policy_after_a_step():
     run = shared_grpo_run()
     trainer, generator, sync = run.trainer, run.generator, run.callback.weight_sync
-    assert not torch.equal(logits(tiny_generator(target_seed=1).runner.model, PROBE_IDS),
+    assert not torch.equal(logits(tiny_generator(target_seed=1).backend.runner.model, PROBE_IDS),
                            logits(run.initial_policy, PROBE_IDS))  # the target started elsewhere
     assert trainer.state.global_step == 2
     # Synced before the rollouts of steps 0 and 1; the policy then took step 2, which no rollout followed.
@@ -23,7 +23,7 @@ def test_target_equals_trained_policy_after_a_step():
     assert not torch.allclose(logits(trainer.model, PROBE_IDS), logits(run.initial_policy, PROBE_IDS),
                               atol=1e-3)  # it trained
     sync.maybe_sync(trainer)  # what the next step's rollout does first
-    assert torch.equal(logits(generator.runner.model, PROBE_IDS), logits(trainer.model, PROBE_IDS))
+    assert torch.equal(logits(generator.backend.runner.model, PROBE_IDS), logits(trainer.model, PROBE_IDS))
 
 
 def test_rollout_logprobs_follow_the_synced_target():
@@ -51,11 +51,11 @@ def test_no_sync_while_global_step_is_unchanged():
     try:
         generator([trainer.train_dataset[0]["prompt"]] * 4, trainer)
         assert sync.num_syncs == num_syncs
-        assert not torch.allclose(logits(generator.runner.model, PROBE_IDS), logits(trainer.model, PROBE_IDS))
+        assert not torch.allclose(logits(generator.backend.runner.model, PROBE_IDS), logits(trainer.model, PROBE_IDS))
         trainer.state.global_step += 1
         generator([trainer.train_dataset[0]["prompt"]] * 4, trainer)
         assert sync.num_syncs == num_syncs + 1
-        assert torch.equal(logits(generator.runner.model, PROBE_IDS), logits(trainer.model, PROBE_IDS))
+        assert torch.equal(logits(generator.backend.runner.model, PROBE_IDS), logits(trainer.model, PROBE_IDS))
     finally:
         trainer.state.global_step -= 1
         with torch.no_grad():
@@ -74,10 +74,10 @@ def test_lora_policy_syncs_merged_weights(tmp_path):
     with policy.disable_adapter():
         base = logits(policy, PROBE_IDS)
     merged = logits(policy, PROBE_IDS)  # the adapters active, unmerged
-    target = logits(generator.runner.model, PROBE_IDS)
+    target = logits(generator.backend.runner.model, PROBE_IDS)
     assert not torch.allclose(base, merged, atol=1e-3)  # the adapters matter
     torch.testing.assert_close(target, merged, atol=1e-5, rtol=1e-5)
-    assert not any("lora_" in name for name, _ in generator.runner.model.named_parameters())
+    assert not any("lora_" in name for name, _ in generator.backend.runner.model.named_parameters())
 
 
 def test_policy_weights_use_the_base_model_names():

@@ -9,7 +9,7 @@ generator's target when `global_step` changed (weight_sync.py), and on the first
 correction is switched on for the rollout logprobs if the GRPOConfig asks for it (importance_sampling.py). After
 each rollout: the acceptance metrics go into the trainer's logs (metrics.py) and the rollouts into the drafter
 refresh's collection. At the end of every `drafter_refresh_steps`-th optimizer step the draft model is distilled
-toward the target on them (drafter_refresh.py); the mean KL is logged with the next rollout's metrics as
+toward the policy on them and loaded into the generator's drafter (drafter_refresh.py); the mean KL is logged with the next rollout's metrics as
 `spec/drafter_refresh_kl`.
 """
 
@@ -19,7 +19,7 @@ from rollout import RolloutBatch, RolloutGenerator
 from trainers.drafter_refresh import DrafterRefresh
 from trainers.importance_sampling import enable_importance_sampling, is_importance_sampling_enabled
 from trainers.metrics import log_rollout_metrics
-from trainers.weight_sync import WeightSync
+from trainers.weight_sync import WeightSync, zero_stage
 
 
 class SpecRolloutCallback(TrainerCallback):
@@ -43,6 +43,10 @@ class SpecRolloutCallback(TrainerCallback):
         if self.drafter_refresh is not None and not self._is_attached:
             raise ValueError("drafter_refresh_steps is set but the trainer does not run this callback; pass "
                              "callbacks=[callback] to the trainer")
+        if self.drafter_refresh is not None and zero_stage(trainer.accelerator) == 3:
+            raise NotImplementedError("drafter_refresh_steps with DeepSpeed ZeRO-3: each process distils its drafter "
+                                      "against the policy on its own rollouts, which sharded parameters cannot serve; "
+                                      "drop drafter_refresh_steps or use ZeRO-2 / DDP")
         if trainer.args.vllm_importance_sampling_correction and not is_importance_sampling_enabled(trainer):
             enable_importance_sampling(trainer)
         self.weight_sync.maybe_sync(trainer)
@@ -60,6 +64,6 @@ class SpecRolloutCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._is_attached = True
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.drafter_refresh is not None and self.drafter_refresh.is_due(state.global_step):
-            self._pending["spec/drafter_refresh_kl"] = self.drafter_refresh.refresh()
+            self._pending["spec/drafter_refresh_kl"] = self.drafter_refresh.refresh(teacher=model)

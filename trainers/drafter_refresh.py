@@ -7,9 +7,10 @@ over the completion positions (the ones it drafts):
 
     KL(p || q) = sum_v p(v) (log p(v) - log q(v)),  p = softmax(target_logits / T),  q = softmax(draft_logits / T)
 
-The target is the generator's (synced to the policy before each rollout), so the draft follows the policy. The
-draft the engine runs is trained in place; each process refreshes its own drafter on its own rollouts (drafts do
-not change what is sampled, only how fast).
+The teacher is the policy (the target the generator runs is synced to it before each rollout, so the draft follows
+it). A trainable copy of the draft model is trained, then loaded into the generator's drafter atomically
+(`RolloutGenerator.load_draft_weights`), on any backend with a draft model. Each process refreshes its own drafter
+on its own rollouts (drafts do not change what is sampled, only how fast).
 """
 
 from collections import deque
@@ -28,8 +29,8 @@ class DrafterRefresh:
                  batch_size: int = 32, max_sequences: int = 512):
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps={every_n_steps!r}: must be an integer >= 1")
-        self.draft = draft_model_of(generator)
-        self.target = generator.runner.model
+        self.generator = generator
+        self.draft = generator.backend.draft_model_copy().train()
         self.every_n_steps, self.batch_size = every_n_steps, batch_size
         self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=learning_rate)
         self.sequences: deque[tuple[list[int], int]] = deque(maxlen=max_sequences)  # (token ids, num prompt tokens)
@@ -43,28 +44,39 @@ class DrafterRefresh:
     def is_due(self, global_step: int) -> bool:
         return global_step % self.every_n_steps == 0 and len(self.sequences) > 0
 
-    def refresh(self) -> float:
-        """One pass over the collected rollouts; returns the mean KL before each step. Clears the collection."""
+    def refresh(self, teacher: torch.nn.Module) -> float:
+        """One pass over the collected rollouts toward `teacher` (the policy), then the result is loaded into the
+        generator's drafter; returns the mean KL before each step. Clears the collection."""
         sequences = list(self.sequences)
         self.sequences.clear()
         losses = []
-        with torch.enable_grad():
-            for i in range(0, len(sequences), self.batch_size):
-                loss = self._loss(sequences[i:i + self.batch_size])
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.draft.parameters(), 1.0)
-                self.optimizer.step()
-                losses.append(loss.item())
+        was_training = teacher.training
+        teacher.eval()
+        try:
+            with torch.enable_grad():
+                for i in range(0, len(sequences), self.batch_size):
+                    losses.append(self._step(teacher, sequences[i:i + self.batch_size]))
+        finally:
+            teacher.train(was_training)
         self.optimizer.zero_grad(set_to_none=True)
+        self.generator.load_draft_weights(self.draft.named_parameters())
         self.num_refreshes += 1
         return sum(losses) / len(losses)
 
-    def _loss(self, sequences: list[tuple[list[int], int]]) -> torch.Tensor:
+    def _step(self, teacher: torch.nn.Module, sequences: list[tuple[list[int], int]]) -> float:
+        loss = self._loss(teacher, sequences)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.draft.parameters(), 1.0)
+        self.optimizer.step()
+        return loss.item()
+
+    def _loss(self, teacher: torch.nn.Module, sequences: list[tuple[list[int], int]]) -> torch.Tensor:
         input_ids, attention_mask, loss_mask = _pad(sequences, self.draft.device)
+        teacher_device = next(teacher.parameters()).device
         with torch.no_grad():
-            target_logits = self.target(input_ids=input_ids.to(self.target.device),
-                                        attention_mask=attention_mask.to(self.target.device)).logits
+            target_logits = teacher(input_ids=input_ids.to(teacher_device),
+                                    attention_mask=attention_mask.to(teacher_device)).logits
         draft_logits = self.draft(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, L, vocab]
         return distillation_loss(draft_logits, target_logits.to(draft_logits.device), loss_mask, self.temperature)
 
@@ -76,16 +88,6 @@ def distillation_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, l
     log_q = F.log_softmax(draft_logits.float() / temperature, dim=-1)
     kl = (log_p.exp() * (log_p - log_q)).sum(dim=-1)  # [B, L]
     return (kl * loss_mask).sum() / loss_mask.sum().clamp(min=1)
-
-
-def draft_model_of(generator: RolloutGenerator) -> torch.nn.Module:
-    """The draft model the generator's engine runs (the drafter's runner may hold a converted copy)."""
-    runner = getattr(generator.proposer, "runner", None)
-    if runner is None:
-        method = generator.config.method if generator.config is not None else None
-        raise ValueError(f"drafter refresh: the generator's speculative method is {method!r}; refreshing needs a "
-                         "draft model (speculative_config method 'draft_model')")
-    return runner.model
 
 
 def _pad(sequences: list[tuple[list[int], int]], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

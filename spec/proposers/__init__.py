@@ -5,13 +5,10 @@ from spec.proposers.base import DraftRequest, Proposal, Proposer
 
 
 def build_proposer(config: SpecConfig, *, draft_model=None, max_num_seqs: int, max_model_len: int,
-                   device=None, dtype=None, keep_drafting=None, reveal=None) -> Proposer:
+                   device=None, dtype=None) -> Proposer:
     """The drafter the config names, for the embedded engine.
 
     draft_model: the loaded HF causal LM for `method="draft_model"` (the caller loads `config.model`).
-    keep_drafting: adaptive verification's early stop for the draft model (spec/adaptive.py).
-    reveal: when it returns True, the draft model reports what its first forward reveals (Proposal.revealed;
-        greedy drafting only).
     """
     config.check_embedded()
     if config.method == "ngram":
@@ -28,8 +25,7 @@ def build_proposer(config: SpecConfig, *, draft_model=None, max_num_seqs: int, m
         raise ValueError(f"method='draft_model' needs the loaded draft model (model={config.model!r})")
     from spec.proposers.draft_model import DraftModelProposer
     return DraftModelProposer(draft_model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                              draft_sample_method=config.draft_sample_method, device=device, dtype=dtype,
-                              keep_drafting=keep_drafting, reveal=reveal)
+                              draft_sample_method=config.draft_sample_method, device=device, dtype=dtype)
 
 
 __all__ = ["DraftRequest", "Proposal", "Proposer", "build_proposer"]

@@ -43,18 +43,29 @@ class Proposal:
         request, the processed draft distribution each draft was sampled from, [len(token_ids[i]), vocab].
     revealed: optional, per request, completion position -> whether the drafter's draft there would have been
         accepted, at committed positions where no draft was verified (a draft-model drafter's forward over them
-        predicts each; for a point proposal, accepted means the emitted token is the draft). Closed-batch replays
-        read them instead of guessing (spec/batch_replay.py).
+        predicts each; for a point proposal, accepted means the emitted token is the draft), when asked to reveal.
+        Closed-batch replays read them instead of guessing (spec/adaptive/batch_replay.py).
+    forward_seconds: optional, (rows, seconds) of each of the drafter's forwards after its first one: what one
+        more draft for that many rows cost, which adaptive verification's cost model learns from.
     """
 
     token_ids: list[list[int]]
     confidence: list[list[float]]
     draft_probs: list[torch.Tensor] | None = None
     revealed: list[dict[int, bool]] | None = None
+    forward_seconds: list[tuple[int, float]] | None = None
 
     @property
     def num_draft_tokens(self) -> list[int]:
         return [len(t) for t in self.token_ids]
+
+    def prefix(self, lengths: Sequence[int]) -> "Proposal":
+        """The first lengths[i] drafts of each request (self where that is all of them)."""
+        if list(lengths) == self.num_draft_tokens:
+            return self
+        return Proposal(_cut(self.token_ids, lengths), _cut(self.confidence, lengths),
+                        None if self.draft_probs is None else _cut(self.draft_probs, lengths), self.revealed,
+                        self.forward_seconds)
 
     def validate(self, max_num_tokens: Sequence[int], source: str) -> None:
         """ValueError naming `source` when the proposal breaks the protocol."""
@@ -78,11 +89,17 @@ class Proposal:
 
 
 class Proposer(Protocol):
-    """What the engine calls. `max_num_tokens[i]` caps the drafts of requests[i] this step (0 allowed)."""
+    """What the engine calls. `max_num_tokens[i]` caps the drafts of requests[i] this step (0 allowed); `reveal`
+    asks for Proposal.revealed, which a drafter that cannot reveal ignores."""
 
-    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
+    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int],
+                reveal: bool = False) -> Proposal:
         ...
 
     def finish(self, request: DraftRequest) -> None:
         """The request is done (its token_ids are final): free its state, learn from its output."""
         ...
+
+
+def _cut(rows: list, lengths: Sequence[int]) -> list:
+    return [row[:n] for row, n in zip(rows, lengths)]

@@ -7,15 +7,16 @@ fails with a message naming it instead of corrupting verification.
 Confidence. A drafter that has no acceptance estimate may return `confidence=None`. Adaptive verification
 ranks drafts by confidence, so it then needs a fallback named by the class attribute
 `confidence_fallback = "acceptance_rate"`: every draft gets raw confidence 1.0 and the calibrator learns the
-acceptance rate per position instead (spec/calibration.py). A class that sets `gives_confidence = False` and no
+acceptance rate per position instead (spec/adaptive/calibration.py). A class that sets `gives_confidence = False` and no
 fallback is refused at construction when adaptive verification is on.
 """
 
 import importlib
 from typing import Sequence
 
-from spec.adaptive import CONFIDENCE_FALLBACKS
 from spec.proposers.base import DraftRequest, Proposal
+
+CONFIDENCE_FALLBACKS = ("acceptance_rate",)
 
 
 def load_class(path: str) -> type:
@@ -50,8 +51,9 @@ class CustomProposer:
         if self.is_adaptive and not getattr(self.inner, "gives_confidence", True) and not self.confidence_fallback:
             raise ValueError(self._no_confidence_message())
 
-    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
-        proposal = self.inner.propose(requests, max_num_tokens)
+    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int],
+                reveal: bool = False) -> Proposal:
+        proposal = self.inner.propose(requests, max_num_tokens)  # user drafters reveal nothing
         if not isinstance(proposal, Proposal):
             raise ValueError(f"custom drafter {self.name!r} returned {type(proposal).__name__}; "
                              "return a spec.Proposal")

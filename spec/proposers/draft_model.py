@@ -9,20 +9,16 @@ holds. A step for requests with k > 0:
    holds the shared prompt copies it instead of prefilling it again.
 2. One ragged forward over every row's uncached tokens (one logit per row), then up to k - 1 one-token
    forwards over the rows still drafting. After k drafts the cache holds token_ids + drafts[:k-1].
-   A row stops at a stop token of its request. `keep_drafting` (adaptive verification) can end a row early too:
-   given each drafting row's request id and its confidences so far, it says which rows are worth one more draft,
-   the first one included (a row that gets none is neither synced nor fed: its uncached tokens wait for a later
-   step's first forward).
+   A row stops at a stop token of its request. A row given no drafts is neither synced nor fed: its uncached
+   tokens wait for a later step's first forward. Each forward after the first is timed
+   (`Proposal.forward_seconds`): it is what one more draft costs.
 
-Where `reveal()` says so (adaptive verification, in a closed batch whose trace its replays will read), the first
-forward also reads the logits at the fed tokens before each row's last that are committed completion tokens: the
-position after a step whose drafts were all accepted, and those of steps that drafted nothing for the row. Each
-predicts what the drafter would have drafted at the next position from the committed tokens before it, as a step
-drafting there would have; under greedy drafting (a point proposal) that draft would have been accepted if and only
-if it is the committed token, since a rejection resamples from the target with the draft's probability removed.
-`Proposal.revealed` reports them, and closed-batch replays read them where they would otherwise draw
-(spec/batch_replay.py): from batches of 16 requests run at K = 4 on the default workload, drawing had replayed K = 8
-3.1% too many steps; with the outcomes that K = 8 verified on the same completions filled in, none. Sampled drafts
+Asked to `reveal` (adaptive verification's closed batches, whose replays read the trace), the first forward also
+reads the logits at the fed tokens before each row's last that are committed completion tokens: the position after
+a step whose drafts were all accepted, and those of steps that drafted nothing for the row. Each predicts what the
+drafter would have drafted at the next position from the committed tokens before it; under greedy drafting (a point
+proposal) that draft would have been accepted if and only if it is the committed token, since a rejection resamples
+from the target with the draft's probability removed. `Proposal.revealed` reports them. Sampled drafts
 (`"probabilistic"`) reveal nothing: a sampled draft's acceptance is not its argmax's.
 
 The draft distribution q is `processed_logprobs` under the request's temperature / top-k / top-p.
@@ -32,8 +28,9 @@ The draft distribution q is `processed_logprobs` under the request's temperature
 """
 
 import itertools
+import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -59,6 +56,7 @@ class _Drafts:
         self.confidence: list[list[float]] = [[] for _ in range(num_reqs)]
         self.probs: list[list[torch.Tensor]] = [[] for _ in range(num_reqs)]
         self.revealed: dict[int, dict[int, bool]] = {}  # row -> its revealed outcomes, where it revealed any
+        self.forward_seconds: list[tuple[int, float]] = []  # (rows, seconds) of each forward after the first
 
     def add(self, rows: list[int], tokens: list[int], confidence: list[float], q: torch.Tensor | None) -> None:
         for j, i in enumerate(rows):
@@ -72,40 +70,37 @@ class _Drafts:
             self.token_ids[i], self.confidence[i] = other.token_ids[j], other.confidence[j]
             self.probs[i] = other.probs[j]
         self.revealed.update((rows[j], outcomes) for j, outcomes in other.revealed.items())
+        self.forward_seconds += other.forward_seconds
 
 
 class DraftModelProposer:
     """Drafts with a loaded HF causal LM through `build_runner` (RaggedRunner when the architecture allows)."""
 
     def __init__(self, model, *, max_num_seqs: int, max_model_len: int, draft_sample_method: str = "greedy",
-                 device=None, dtype=None,
-                 keep_drafting: Callable[[list[int], list[list[float]]], list[bool]] | None = None,
-                 reveal: Callable[[], bool] | None = None):
+                 device=None, dtype=None):
         if draft_sample_method not in DRAFT_SAMPLE_METHODS:
             raise ValueError(f"draft_sample_method={draft_sample_method!r} is not one of {DRAFT_SAMPLE_METHODS}")
         self.draft_sample_method = draft_sample_method
-        self.keep_drafting = keep_drafting
-        self.reveal = reveal if draft_sample_method == "greedy" else None  # asked once a propose (module docstring)
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.runner = build_runner(model, max_num_seqs, max_model_len, device=device, dtype=dtype)
         self._states: dict[int, _DraftState] = {}
 
-    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
+    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int],
+                reveal: bool = False) -> Proposal:
         if len(requests) != len(max_num_tokens):
             raise ValueError(f"propose got {len(requests)} requests and {len(max_num_tokens)} max_num_tokens")
         ks = [self._num_drafts(r, k) for r, k in zip(requests, max_num_tokens)]
         active = [i for i, k in enumerate(ks) if k > 0]
         drafts = _Drafts(len(requests))
-        revealing = self.reveal is not None and self.reveal()
+        revealing = reveal and self.draft_sample_method == "greedy"
         if active:
             drafts.merge(active, self._draft([requests[i] for i in active], [ks[i] for i in active], revealing))
         if self.draft_sample_method == "greedy":
             revealed = [drafts.revealed.get(i, {}) for i in range(len(requests))] if revealing else None
-            return Proposal(token_ids=drafts.token_ids, confidence=drafts.confidence, draft_probs=None,
-                            revealed=revealed)
+            return Proposal(drafts.token_ids, drafts.confidence, None, revealed, drafts.forward_seconds)
         empty = torch.empty(0, self._vocab_size(), device=self.runner.device)
         draft_probs = [torch.stack(q) if q else empty for q in drafts.probs]
-        return Proposal(token_ids=drafts.token_ids, confidence=drafts.confidence, draft_probs=draft_probs)
+        return Proposal(drafts.token_ids, drafts.confidence, draft_probs, forward_seconds=drafts.forward_seconds)
 
     def _num_drafts(self, request: DraftRequest, k: int) -> int:
         """k capped by the room left: the cache holds token_ids + drafts[:k-1]. A request that is already
@@ -122,34 +117,27 @@ class DraftModelProposer:
         """Up to ks[i] > 0 drafts for each request: one forward over the uncached tokens (revealing what it can, where
         asked), then one token at a time."""
         drafts = _Drafts(len(requests))
-        rows = self._kept(requests, list(range(len(requests))), drafts)
-        if not rows:  # a row that drafts nothing is synced when it drafts again
-            return drafts
-        uncached = self.sync([requests[i] for i in rows])
-        states = {i: self._states[requests[i].req_id] for i in rows}
+        uncached = self.sync(requests)
+        states = [self._states[r.req_id] for r in requests]
         sampling = SamplingTensors.build([r.temperature for r in requests], [r.top_k for r in requests],
                                          [r.top_p for r in requests], device=self.runner.device)
         if revealing:
-            logits, revealed = self._feed_revealing([requests[i] for i in rows], [states[i] for i in rows], uncached)
-            drafts.revealed.update((rows[j], outcomes) for j, outcomes in revealed.items())
+            logits, drafts.revealed = self._feed_revealing(requests, states, uncached)
         else:
-            logits = self._feed([states[i] for i in rows], uncached)  # [rows, vocab]
+            logits = self._feed(states, uncached)  # [rows, vocab]
+        rows = list(range(len(requests)))
+        start = None  # each forward after the first is timed with the drafts it samples
         for step in range(max(ks)):
             drafts.add(rows, *self._sample(logits, [requests[i] for i in rows], sampling.select(rows)))
+            if start is not None:
+                drafts.forward_seconds.append((len(rows), time.perf_counter() - start))
             # a row that drafted a stop token is done: the engine verifies nothing after it
             rows = [i for i in rows if ks[i] > step + 1 and drafts.token_ids[i][-1] not in requests[i].stop_ids]
-            rows = self._kept(requests, rows, drafts)
             if not rows:
                 break
+            start = time.perf_counter()
             logits = self._feed([states[i] for i in rows], [drafts.token_ids[i][-1:] for i in rows])  # [rows, vocab]
         return drafts
-
-    def _kept(self, requests: list[DraftRequest], rows: list[int], drafts: "_Drafts") -> list[int]:
-        """The rows that keep_drafting (when set) gives one more draft."""
-        if not rows or self.keep_drafting is None:
-            return rows
-        keep = self.keep_drafting([requests[i].req_id for i in rows], [drafts.confidence[i] for i in rows])
-        return [i for i, kept in zip(rows, keep) if kept]
 
     def _feed(self, states: list[_DraftState], token_ids: list[list[int]],
               num_logits: list[int] | None = None) -> torch.Tensor:

@@ -52,7 +52,8 @@ class SuffixProposer:
     def num_cached_requests(self) -> int:
         return len(self._cached_seq_ids)
 
-    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
+    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int],
+                reveal: bool = False) -> Proposal:
         if len(requests) != len(max_num_tokens):
             raise ValueError(f"got {len(requests)} requests and {len(max_num_tokens)} max_num_tokens; "
                              "pass one cap per request")

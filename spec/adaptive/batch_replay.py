@@ -5,39 +5,22 @@ emits, nor what an unseeded one emits in distribution) and its measured prompt s
 re-decides where each step ends. It reads the batch's trace: at each position of each completion, whether the draft
 the batch verified there was accepted or rejected, or that it verified none there (the token after a run of drafts
 all accepted, a step that offered none). A replayed step at K from position s accepts the drafts from s up to the
-first rejected one, at most K, and emits one token more: the drafter's draft at a position depends on the tokens
-before it, which the replay keeps, not on where its step began (so for a draft model, where the arms of the benchmark
-agreed on every position both verified; an n-gram drafter's continuation can differ). A draft-model drafter
-drafting greedily reveals the outcome at the positions that verified no draft but the completion's last
-(RequestAcceptance.revealed, spec/proposers/draft_model.py): in adaptive verification's closed batches, 11.5% of
-positions were unseen without it and 0.1% with it (default workload, 8 requests; mixed, 16: 33.7% and 0.9%), and
-every revealed outcome at a position that static K = 8 verified on the same completions was the one it found (8,920
-of 8,920). Positions still unseen (other drafters, sampled drafts) are drawn, REPLAYS times, at their chances under a
-two-state Markov chain along each completion (Trace.unseen_acceptance), by systematic sampling (Trace.draws). Where
-the batch offered K drafts every step, the replay at K takes its own steps; at another it finds the runs of easy
-tokens where the batch found them. Measured on identical completions (benchmark workloads, 16 and 64 requests), from
-batches run at K = 8 the replays found the steps of K = 1, 2 and 4 within 0.6% and their verified tokens within 1%;
-from K = 4, drawing, the steps of K = 8 within 2%, but 6% high at 16 requests on the default workload, where 1
-position in 5 is drawn (with the outcomes K = 8 verified filled in: exact). Resampling whole steps instead (an
-earlier replay) ran up to 14% too many steps from batches run at K = 8, and charged up to 25% too many verified
-tokens at K = 8.
+first rejected one, at most K, and emits one token more: a draft depends on the tokens before it, which the replay
+keeps, not on where its step began. A draft-model drafter drafting greedily reveals the outcome at the positions that
+verified no draft (RequestAcceptance.revealed, spec/proposers/draft_model.py); positions still unseen (other
+drafters, sampled drafts) are drawn, REPLAYS times, at their chances under a two-state Markov chain along each
+completion (Trace.unseen_acceptance), by systematic sampling (Trace.draws), the same draws for every K.
 
-A replayed step drafts, for each running request, K drafts or as many as its room allows if fewer (max_tokens and
+A replayed step drafts, for each running request, K drafts or as many as its room allows (max_tokens and
 max_model_len: k drafts emit up to k + 1 tokens), and none past its stop token where the drafter drafted it, as the
 engine does. It costs the step-cost model's draft forwards over the rows still drafting at each depth (the first one
-a token more per row whose drafts the replay accepted in full the step before), and verifying one token per running
-request plus its drafts, plus the batch's measured time per step outside drafting and verification, and once, at
-every K, its measured time moving requests down the cache past finished ones (Engine._condense: a copy per finished
-request, whatever K; at 256 requests 10-13 ms a batch at each of K = 0-4, default workload, where charged per step
-with the rest it priced K = 0's 39-41 steps 2.7% high: measured over replayed 0.972, so 0.999, 16 batches). Under a
-closed batch's cap, choosing which drafts to verify counts as drafting (6-8 ms a batch of 256), which the replays
-price by the model's draft forwards alone. Its first step (prompts) is the measured one less its drafting and its
-drafts' verification, plus the replayed drafts' forwards and verification. The drafter's prompt prefill, what the
-measured first step's drafting took beyond its own draft forwards in the model, is charged at every K >= 1 by the
-caller (`prefill_seconds`; spec/closed_batch.py takes its median over batches). At K = 0 a step is one token per
-running request, and there are no draws.
-Replaying K = 0-8 takes about 0.6 ms after a batch of 1 request, 2 ms after one of 16, 25 ms after one of 256
-(2-core CPU).
+a token more per row whose drafts the replay accepted in full the step before), verifying one token per running
+request plus its drafts, and the batch's measured time per step outside drafting and verification; once per batch,
+at every K, its measured time moving requests down the cache past finished ones (a copy per finished request,
+whatever K). Its first step (prompts) is the measured one less its drafting and its drafts' verification, plus the
+replayed drafts' forwards and verification. The drafter's prompt prefill, what the measured first step's drafting
+took beyond its own draft forwards in the model, is charged at every K >= 1 by the caller (`prefill_seconds`;
+spec/adaptive/closed_batch.py takes its median over batches). At K = 0 a step is one token per running request.
 """
 
 from dataclasses import dataclass
@@ -45,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spec.metrics import RequestAcceptance
-from spec.step_cost import StepCostModel
+from spec.adaptive.step_cost import StepCostModel
 
 ACCEPTED, REJECTED, UNSEEN = 1, 0, -1  # a position's draft in the batch's trace
 PRIOR = 2.0  # a request's rates at unseen positions count the batch's with the weight of 2 of its own positions: a
@@ -59,12 +42,12 @@ _SEED = 0  # common random numbers: every K and every batch replays the same dra
 class BatchTiming:
     """Measured seconds of one engine run, filled step by step."""
     seconds: float = 0.0  # every step
-    draft_seconds: float = 0.0  # proposing (and under a closed batch's cap, choosing the drafts to verify)
+    draft_seconds: float = 0.0  # proposing
     verify_seconds: float = 0.0  # target forward, rejection sampling, commit
     first_step_seconds: float = 0.0  # the first step (it prefills the prompts), less its drafting
     first_step_draft_seconds: float = 0.0  # the first step's drafting (the drafter prefills the prompts too)
     first_step_drafts: int = 0  # drafts the first step verified
-    condense_seconds: float = 0.0  # moving requests down the cache past finished ones (Engine._condense)
+    condense_seconds: float = 0.0  # moving requests down the cache past finished ones
     num_steps: int = 0
 
     def observe_step(self, seconds: float, draft_seconds: float, verify_seconds: float, num_drafts: int = 0,

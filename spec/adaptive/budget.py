@@ -3,10 +3,10 @@
 Terms (as in vLLM's DSpark adaptive verification, extended to every drafter). A step runs N requests; the
 target forward reads each row's uncached tokens (T in all) plus its admitted drafts. S(r, k), the *survival* of
 request r's first k drafts, estimates P(all k accepted) (calibrated confidences multiplied,
-spec/calibration.py); it never grows with k. Admitting a draft budget b, the step emits in expectation
+spec/adaptive/calibration.py); it never grows with k. Admitting a draft budget b, the step emits in expectation
 N + (sum of the admitted S) tokens (each row emits one token past its accepted drafts) and costs
 draft_cost + verify_cost(T + b, W, wide) seconds, W the widest row's tokens and wide the rows wider than one (the
-runner pads attention to the widest row: spec/step_cost.py). The allocation picks
+runner pads attention to the widest row: spec/adaptive/step_cost.py). The allocation picks
 
     b* = argmax_b (N + sum of the b largest S) / (draft_cost + verify_cost(T + b, W_b, wide_b)),
 

@@ -14,11 +14,10 @@ Measured or replayed speeds choose by `smallest_k_within`: the smallest K that t
 """
 
 from spec.schedule import BatchSizeSchedule
-from spec.step_cost import StepCostModel
+from spec.adaptive.step_cost import StepCostModel
 
 MIN_GAIN = 1.02  # a deeper K (more verification) must win by 2%: the tuner's separately timed runs do not resolve
-# less. The closed batches' replays, whose draws are common to every K, take 0.5% (spec/closed_batch.py), though
-# their pricing can be off by more between distant Ks (K = 1 4% behind K = 3 at 256 requests, paired runs level)
+# less
 
 
 def predicted_speedup(acceptance: list[float], costs: StepCostModel, batch_size: int, k: int) -> float:

@@ -10,8 +10,9 @@ here `acceptance`, each sample's acceptance record.
 
 Each group of rows becomes one prompt with that many samples (shared prefill, sibling drafting). Sampling settings
 come from `trainer.args` (the GRPOConfig), so the trainer recomputes logprobs of the distribution sampled from.
-Nothing here imports trl: the trainer is read through `args`, `model`, `num_generations`, `num_generations_eval`,
-`processing_class`, `accelerator.process_index` and `tools`.
+The trainer is read through `args`, `model`, `num_generations`, `num_generations_eval`, `processing_class`,
+`accelerator.process_index` and `tools`. Importing `trainers` registers `rollout_for_trainer` as the generator's
+trainer adapter (RolloutGenerator.__call__).
 """
 
 import dataclasses
@@ -38,7 +39,7 @@ def rollout_for_trainer(generator, prompts: list, trainer) -> dict:
     spans = group_spans(len(rows), num_generations, offset=process_index * len(rows) % num_generations)
     check_groups(rows, spans, num_generations)
     params = sampling_params(trainer.args, generator.max_model_len)
-    if not generator.rollout_hooks and getattr(generator.runner, "model", None) is not getattr(trainer, "model", None):
+    if not generator.rollout_hooks and getattr(generator.backend, "model", None) is not getattr(trainer, "model", None):
         warnings.warn("no rollout hook is registered on this RolloutGenerator, so its target keeps the weights it "
                       "was built with while the policy trains; pass callbacks=[trainers.SpecRolloutCallback("
                       "generator)] to the trainer", stacklevel=3)

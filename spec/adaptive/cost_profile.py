@@ -1,4 +1,4 @@
-"""Measuring the step-cost model (spec/step_cost.py) on the running hardware, and caching it on disk.
+"""Measuring the step-cost model (spec/adaptive/step_cost.py) on the running hardware, and caching it on disk.
 
 The profile times the real work on scratch cache slots: for num_reqs on a doubling grid up to max_num_seqs, rows
 holding a typical mid-rollout context verify 1 .. max_tokens_per_row tokens each (target forward and rejection
@@ -23,13 +23,11 @@ import torch
 from spec.proposers.base import DraftRequest
 from spec.rejection import rejection_sample
 from spec.sampling import SamplingTensors
-from spec.monotone import isotonic
-from spec.step_cost import StepCostModel
+from spec.adaptive.monotone import isotonic
+from spec.adaptive.step_cost import StepCostModel
 
 _CONTEXT = 32  # cached tokens per row while timing: a prompt plus part of a completion
-_FORMAT = 7  # in the cache key, so that older tables are measured again: format 1 was refined pointwise (kinks),
-# 2-3 learned a drifting level, 2 timed each point's repeats back to back, 1-4 timed drafting as whole calls, 1-5 had
-# no per-token cost, and 1-6 took each point's fastest run (_block_times)
+_FORMAT = 7  # in the cache key: a table measured by an older profile is measured again
 _REPEATS = 5
 _MIN_SECONDS = 1e-5  # a difference of two timings that noise made non-positive: costs must be > 0
 

@@ -10,14 +10,12 @@ verify_shape(num_reqs).cost(num_tokens, width, num_wide): the same forward with 
     what `width` tokens in every row cost, less the per-token cost (table field `verify_per_token`, seconds per
     token at a fixed width) of the tokens it is short of that; where at most an eighth of the rows are wide, the
     runner splits attention instead, and the step costs one token per row plus the per-token cost of the rest.
-    Measured at 128 rows: half the rows at 9 tokens and half at 1 cost 61 ms, 5 in every row 57 ms, 9 in every row
-    96 ms; per token at a fixed width 0.068 ms, against 0.08 along the uniform curve.
 draft_cost(num_reqs): one draft-model forward over `num_reqs` rows (one token each). Model-free drafters
     (n-gram, suffix) have no draft table: their cost is 0 here and their Python time shows up in the verify
     cells through online refinement.
 
 Every cost is > 0 and non-decreasing in num_tokens (verify) and in num_reqs (draft): a table that breaks this is a
-ValueError; measured tables are projected onto it (spec/cost_profile.py). `observe_*` refine the curves that
+ValueError; measured tables are projected onto it (spec/adaptive/cost_profile.py). `observe_*` refine the curves that
 produced a prediction from the step times the engine measures: each curve keeps its measured shape and learns a
 scale from them (_Curve), so the model follows the machine's speed where the engine actually runs (a profile taken in
 a slow or a fast spell, the engine's own per-step work) and stays as smooth as the profile: the slopes decide the
@@ -30,36 +28,27 @@ import json
 import math
 from dataclasses import dataclass
 
-from spec.model_runner import MAX_WIDE_FRACTION
+from spec.model_runner import splits_attention
 
 
 FIELD = "step_costs"
 _MEMORY = 0.99  # per observation, the weight of a curve's earlier observations: it follows the last ~100
 _PRIOR_WEIGHT = 1.0  # each measured table point counts as one observation of its cost
 _MAX_RATIO = 1.5  # one observation counts at most as if it took 1.5x (or 0.5x) the prediction: a step stalled by
-# another process or a garbage collection must not undo what many steps measured (slow spells of a shared 2-core
-# machine slow single steps by up to 1.6x)
+# another process or a garbage collection must not undo what many steps measured
 
 
 class _Curve:
     """One cost curve: a measured shape p (seconds at increasing sizes, piecewise-linear between them, extended along
-    its last segment and flat below the first), scaled by what the engine observes: cost(x) = scale x p(x). The
-    engine reads and refines curves every step, between forwards, where numpy's per-call overhead dwarfs the
-    arithmetic (the allocation's costs took 77 us a step at one row through numpy there, against 8 us in a loop on
-    their own): it is all plain Python, a run of sizes one arithmetic progression per segment of the shape (`run`).
+    its last segment and flat below the first), scaled by what the engine observes: cost(x) = scale x p(x). Plain
+    Python: the engine reads and refines curves every step, between forwards, where numpy's per-call overhead would
+    dwarf the arithmetic.
 
-    Refinement is a least-squares fit of the scale to the observed step times, older ones fading by _MEMORY per
-    observation, with the measured table itself as a prior (each of its points counts as _PRIOR_WEIGHT observations
-    of its own cost). One parameter, not a level as well: the engine observes a curve over a narrow band of sizes
-    (at 128 rows, 300-600 tokens), where a level and a scale trade off against each other, and a machine's slow
-    spells only ever add time; a fitted level drifted up by half the cost of a step without drafts (at 128 rows, 31
-    ms against 21 measured), which made drafts look cheap next to it, and as refined tables are cached for the next
-    run to start from, the drift compounded (a cached 128-row curve read 39 ms at 128 tokens and 0.053 ms per token,
-    against 21 ms and 0.08 measured). A common scale changes no allocation (the rate falls as every cost rises); a
-    wrong level does. Where the profile measured the engine's costs 1.2x too low at 128 rows, it was 1.2x too low
-    both at 128 tokens and at 500. The shape must be right, hence the profile's interleaved repeats
-    (spec/cost_profile.py); pointwise learning had bent it (at 16 rows, 0.03 ms per token up to 48 tokens and 0.16
-    beyond, where a forward costs a smooth 0.07), and the allocation follows the slope."""
+    Refinement is a least-squares fit of the one scale to the observed step times, older ones fading by _MEMORY per
+    observation, with the measured table itself as a prior (each point one observation of its own cost). One
+    parameter, not a level as well: the engine observes a curve over a narrow band of sizes, where a level and a scale
+    trade off and a fitted level drifts; a common scale changes no allocation, a wrong level does. The shape must
+    therefore be right, hence the profile's interleaved repeats (spec/adaptive/cost_profile.py)."""
 
     def __init__(self, points: dict[int, float], per_token: float | None = None):
         self.xs = [float(x) for x in points]
@@ -147,12 +136,7 @@ class VerifyShape:
     def cost(self, num_tokens: int, width: int, num_wide: int) -> float:
         """Seconds to verify num_tokens tokens, the widest row `width` tokens, num_wide rows wider than one."""
         return _padded(self.width_cost, self.per_token, self.num_reqs, num_tokens, width,
-                       is_split(self.num_reqs, num_wide))
-
-
-def is_split(num_rows: int, num_wide: int) -> bool:
-    """Whether the ragged runner attends in two blocks (spec/model_runner.py): none of the rows wide counts too."""
-    return num_wide <= num_rows * MAX_WIDE_FRACTION
+                       splits_attention(self.num_reqs, num_wide))
 
 
 def _padded(width_cost, per_token: float, rows: float, num_tokens: float, width: int, split: bool) -> float:
@@ -212,7 +196,7 @@ class StepCostModel:
 
     def observe_verify(self, num_reqs: int, num_tokens: int, width: int, num_wide: int, seconds: float) -> None:
         """A measured step: num_tokens tokens from num_reqs rows, the widest `width`, num_wide rows wider than one."""
-        split = is_split(num_reqs, num_wide)
+        split = splits_attention(num_reqs, num_wide)
         shapes = [(n, share, self.verify[n].padded(n, num_tokens * factor, width, split))
                   for n, share, factor in self._bracket(num_reqs)]
         delta = _bounded(seconds, sum(share * self.verify[n].scale * p for n, share, p in shapes))

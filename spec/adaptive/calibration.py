@@ -5,7 +5,7 @@ Terms. Draft j of a request (0-based position) comes with a raw confidence c in 
 observed only when every draft before it was accepted: accepted (1) or rejected (0); drafts after the first
 rejection are never judged. The calibrated confidence a(j, c) estimates P(draft j accepted | drafts < j
 accepted, raw confidence c), the conditional probability whose running product is the survival
-S(r, k) = a(0, c_0) x ... x a(k - 1, c_{k-1}) that adaptive verification ranks (spec/budget.py).
+S(r, k) = a(0, c_0) x ... x a(k - 1, c_{k-1}) that adaptive verification ranks (spec/adaptive/budget.py).
 
 Estimate. Per position (the last one pooled with all later positions) the raw confidences fall into equal-width
 bins; each bin starts from a prior of `prior_weight` pseudo-outcomes at its centre (the identity map: trust the
@@ -21,7 +21,7 @@ num_judged (Naeini et al. 2015). The same is kept for the raw confidences, for c
 
 import numpy as np
 
-from spec.monotone import isotonic
+from spec.adaptive.monotone import isotonic
 
 _NUM_ERROR_BINS = 10
 
@@ -45,7 +45,6 @@ class ConfidenceCalibrator:
         self._rates = [0.5] * max_positions
         self._num_unfitted = np.zeros(max_positions)  # outcomes per position since its last refit
         self.num_observations = 0  # judged drafts observed (a plain int: the engine reads it every step)
-        self.version = 0  # counts refits: values computed before a change are stale
         self._error = {name: np.zeros((3, _NUM_ERROR_BINS)) for name in ("calibrated", "raw")}
 
     def value(self, position: int, raw: float) -> float:
@@ -80,7 +79,6 @@ class ConfidenceCalibrator:
             self._refit_rates(due[0])
 
     def _refit(self, row: int) -> None:
-        self.version += 1
         self._num_unfitted[row] = 0
         weight = self.num_judged[row] + self.prior_weight
         estimate = (self.num_accepted[row] + self.prior_weight * self.centres) / weight

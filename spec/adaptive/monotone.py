@@ -6,7 +6,7 @@ import numpy as np
 
 def isotonic(values, weights=None) -> np.ndarray:
     """[n] non-decreasing fit of `values` [n] under positive `weights` [n] (default: all ones). Plain Python floats
-    in the loop: the calibrator refits a map of 20 bins per draft position every few steps (spec/calibration.py),
+    in the loop: the calibrator refits a map of 20 bins per draft position every few steps (spec/adaptive/calibration.py),
     and pooling numpy scalars took 10-22 us a map against 7-14."""
     values = np.asarray(values, dtype=np.float64).tolist()
     weights = [1.0] * len(values) if weights is None else np.asarray(weights, dtype=np.float64).tolist()

@@ -1,0 +1,58 @@
+"""The house's shape, checked from the source: dependencies point one way (trainers -> rollout -> spec), the spec core
+never imports adaptive verification, trl and vllm stay in their rooms, and no source file outgrows 400 lines."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("spec", "rollout", "trainers")
+SOURCES = sorted(path for package in PACKAGES for path in (ROOT / package).rglob("*.py"))
+MAX_LINES = 400
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (lazy imports inside functions count too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def _imports_any(path: Path, prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(name for name in _imports(path) if name.split(".")[0] in prefixes or name.startswith(prefixes))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_module)
+def test_dependencies_point_one_way(path):
+    package = _module(path).split(".")[0]
+    above = {"spec": ("rollout", "trainers"), "rollout": ("trainers",), "trainers": ()}[package]
+    assert not _imports_any(path, above), f"{_module(path)} imports from a package that depends on it"
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if p.parts[-2] != "adaptive" and "spec" in p.parts],
+                         ids=_module)
+def test_the_spec_core_never_imports_adaptive_verification(path):
+    assert not [name for name in _imports(path) if name.startswith("spec.adaptive")]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_module)
+def test_trl_stays_in_trainers_and_vllm_in_its_backend(path):
+    module = _module(path)
+    if not module.startswith("trainers"):
+        assert not _imports_any(path, ("trl",)), f"{module} imports trl"
+    if module != "rollout.vllm_backend":
+        assert not _imports_any(path, ("vllm",)), f"{module} imports vllm"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_module)
+def test_no_source_file_outgrows_400_lines(path):
+    assert len(path.read_text().splitlines()) <= MAX_LINES
