@@ -59,11 +59,16 @@ def measure(backend: str, arm: str, batch_sizes: list[int], max_tokens: int) -> 
     return result
 
 
+def vllm_env(threads: int) -> dict:
+    """This process's environment with `threads` OpenMP threads and, as vLLM advises for CPU speculation, Intel's
+    OpenMP (and tcmalloc when installed) preloaded."""
+    preload = [str(Path(sys.prefix) / "lib" / "libiomp5.so"), TCMALLOC]
+    preload = ":".join(p for p in preload if Path(p).exists())
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "LD_PRELOAD": preload}
+
+
 def run_in_subprocess(backend: str, arm: str, args) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    if backend == "vllm":
-        preload = [str(Path(sys.prefix) / "lib" / "libiomp5.so"), TCMALLOC]
-        env["LD_PRELOAD"] = ":".join(p for p in preload if Path(p).exists())
+    env = vllm_env(args.threads) if backend == "vllm" else {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         subprocess.run([sys.executable, __file__, "--worker", backend, arm, "--output", out.name,
                         "--batch-sizes", args.batch_sizes, "--max-tokens", str(args.max_tokens)], env=env,
@@ -108,7 +113,12 @@ def plot(results: dict, path: Path) -> None:
         ax_ratio.plot([int(b) for b in sizes], [by_batch[b] for b in sizes], marker="o", label=arm)
     ax_ratio.axhline(1.0, color="gray", linestyle=":")
     ax_tps.set_yscale("log")
-    for ax, title in ((ax_tps, "tokens/s"), (ax_ratio, "embedded / vLLM tokens/s")):
+    save_batch_size_plot(fig, {ax_tps: "tokens/s", ax_ratio: "embedded / vLLM tokens/s"}, path)
+
+
+def save_batch_size_plot(fig, titles: dict, path: Path) -> None:
+    """Each axes (-> its title) over batch sizes on a log2 scale, with its legend; the figure saved to path."""
+    for ax, title in titles.items():
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size")
         ax.set_title(title)

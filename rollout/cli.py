@@ -1,4 +1,5 @@
-"""`python -m rollout generate`: the main job on the embedded default pair (or your own models)."""
+"""`python -m rollout generate | tune | serve`: roll out the default pair (or your own models), tune a per-batch-size
+schedule, or start vLLM's server with the settings the server backend needs (rollout/vllm_backend/serve.py)."""
 
 import argparse
 import json
@@ -45,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--predict-only", action="store_true",
                       help="take the steady-state model's prediction, without timing rollouts per K")
     tune.add_argument("--output", default=None, help="also write the JSON to this file")
+    tune.add_argument("--backend", choices=("embedded", "vllm"), default="embedded",
+                      help="the engine whose step costs and rollouts are measured (vllm: vllm.LLM in this process)")
+    tune.add_argument("--prompts", default=None,
+                      help="your prompts: JSONL with a 'prompt' field, or a text file with one prompt a line "
+                           "(a literal \\n is a newline); default: the default task's")
+    commands.add_parser("serve", help="start vLLM's OpenAI server for backend='server' (vLLM's flags, passed "
+                                      "through; see rollout/vllm_backend/serve.py)", add_help=False)
     return parser
 
 
@@ -111,6 +119,10 @@ def _mode(counter: dict) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # vLLM's flags pass through: no parser of ours sees them
+        from rollout.vllm_backend.serve import main as serve
+        return serve(argv[1:])
     args = build_parser().parse_args(argv)
     transformers.logging.disable_progress_bar()  # weight-loading bars; ours shows the rollout
     try:

@@ -26,23 +26,38 @@ class RolloutGenerator:
         (draft_model), None for model-free ones. None: measured here at start-up, or loaded from the on-disk
         cache of an earlier measurement (spec/adaptive/cost_profile.py), and refined from the step times of every
         call. Embedded backend only.
-    backend: "embedded" (this package's engine, rollout/embedded.py) or "vllm" (`vllm.LLM` in this process,
-        rollout/vllm_backend.py: it loads `model` and the drafter from their folders; device is vLLM's choice).
+    backend: "embedded" (this package's engine, rollout/embedded.py), "vllm" (`vllm.LLM` in this process,
+        rollout/vllm_backend/: it loads `model` and the drafter from their folders; device is vLLM's choice) or
+        "server" (a running vLLM OpenAI server at `base_url`, rollout/server_backend.py).
     vllm_kwargs: extra `vllm.LLM` arguments for backend="vllm" (tensor_parallel_size, gpu_memory_utilization, ...).
+    base_url: the server's URL for backend="server", e.g. "http://127.0.0.1:8000". The server's model, max_model_len,
+        max_num_seqs and speculative config are read from it; `model` and `draft_model` are optional local copies
+        of its folders (default: the server's own paths, when they exist on this machine), used for the tokenizer,
+        EOS ids, weight checks and drafter refresh.
+    server_kwargs: ServerBackend options for backend="server" (weights_dir, request_timeout_s, reconnect_s,
+        max_concurrency; rollout/server_backend.py).
     """
 
-    def __init__(self, model, *, tokenizer=None, draft_model=None, speculative_config=None,
+    def __init__(self, model=None, *, tokenizer=None, draft_model=None, speculative_config=None,
                  max_num_seqs: int = 64, max_model_len: int | None = None, device=None, dtype=None,
-                 seed: int = 0, step_costs=None, backend: str = "embedded", vllm_kwargs: dict | None = None):
+                 seed: int = 0, step_costs=None, backend: str = "embedded", vllm_kwargs: dict | None = None,
+                 base_url: str | None = None, server_kwargs: dict | None = None):
         if isinstance(model, str) and model == "default":
             model = default_model_paths()["target"]
-        config = _as_config(speculative_config, draft_model)  # bad config fails before any loading
-        self.backend: Backend = _build_backend(backend, model, config, draft_model=draft_model,
-                                               max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                               device=device, dtype=dtype, seed=seed, step_costs=step_costs,
-                                               vllm_kwargs=vllm_kwargs)
+        _check_backend_args(backend, model=model, vllm_kwargs=vllm_kwargs, step_costs=step_costs,
+                            base_url=base_url, server_kwargs=server_kwargs, speculative_config=speculative_config)
+        if backend == "server":
+            from rollout.server_backend import ServerBackend
+            self.backend: Backend = ServerBackend(base_url, model=model, draft_model=draft_model, tokenizer=tokenizer,
+                                                  **(server_kwargs or {}))
+            model = self.backend.model_path
+        else:
+            config = _as_config(speculative_config, draft_model)  # bad config fails before any loading
+            self.backend = _build_backend(backend, model, config, draft_model=draft_model,
+                                          max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device,
+                                          dtype=dtype, seed=seed, step_costs=step_costs, vllm_kwargs=vllm_kwargs)
         self.tokenizer = load_tokenizer(model, tokenizer)
-        self.max_num_seqs = max_num_seqs
+        self.max_num_seqs = getattr(self.backend, "max_num_seqs", max_num_seqs)
         self.seed = seed
         self.num_calls = 0
         _freeze_heap()
@@ -123,20 +138,36 @@ def _as_config(speculative_config, draft_model) -> SpecConfig | None:
     return SpecConfig.from_dict(config)
 
 
+def _check_backend_args(backend: str, *, model, vllm_kwargs, step_costs, base_url, server_kwargs,
+                        speculative_config) -> None:
+    """ValueError for an unknown backend, a missing model or URL, and arguments the chosen backend never reads."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: choose 'embedded' (this package's engine), 'vllm' (vllm.LLM in this "
+                         "process) or 'server' (a running vLLM server at base_url)")
+    if backend == "server" and not base_url:
+        raise ValueError("backend='server' needs base_url, the running server's URL (e.g. 'http://127.0.0.1:8000'; "
+                         "start one with python -m rollout serve --model FOLDER --speculative-config JSON)")
+    if backend != "server" and model is None:
+        raise ValueError(f"model=None: backend={backend!r} needs a model (a local HF folder, a loaded model, or "
+                         "'default')")
+    read_only_by = {"vllm_kwargs": ("vllm", vllm_kwargs), "step_costs": ("embedded", step_costs),
+                    "base_url": ("server", base_url), "server_kwargs": ("server", server_kwargs)}
+    for name, (reader, value) in read_only_by.items():
+        if value is not None and backend != reader:
+            raise ValueError(f"{name} is only read with backend={reader!r}; drop it or set backend={reader!r}")
+    if backend == "server" and speculative_config is not None:
+        raise ValueError("speculative_config with backend='server': the server runs the config it was started with "
+                         "(read from its /server_info); drop speculative_config, or restart the server with "
+                         "--speculative-config JSON")
+
+
 def _build_backend(backend: str, model, config: SpecConfig | None, *, draft_model, max_num_seqs: int,
                    max_model_len: int | None, device, dtype, seed: int, step_costs, vllm_kwargs) -> Backend:
-    if backend not in BACKENDS[:2]:
-        raise ValueError(f"backend={backend!r}: choose 'embedded' (this package's engine) or 'vllm'")
     if backend == "embedded":
-        if vllm_kwargs is not None:
-            raise ValueError("vllm_kwargs is only read with backend='vllm'; drop it or set backend='vllm'")
         from rollout.embedded import EmbeddedBackend
         device, dtype = default_device_dtype(device, dtype)
         return EmbeddedBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs,
                                max_model_len=max_model_len, device=device, dtype=dtype, step_costs=step_costs)
-    if step_costs is not None:
-        raise ValueError("step_costs is only read with backend='embedded' (adaptive verification's cost model); "
-                         "drop it for backend='vllm'")
     from rollout.vllm_backend import VLLMBackend
     return VLLMBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                        dtype=dtype, seed=seed, vllm_kwargs=vllm_kwargs)
