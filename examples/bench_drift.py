@@ -153,8 +153,9 @@ def main() -> None:
     target, draft = load("target"), load("draft")
     tokenizer = AutoTokenizer.from_pretrained(default_model_paths()["target"], padding_side="left")
     configs = {"no_spec": None, **{f"K={k}": {**arms()["K=1"], "num_speculative_tokens": k} for k in ks}}
-    generators = {name: RolloutGenerator(target, tokenizer=tokenizer, draft_model=draft, speculative_config=config,
-                                         max_num_seqs=args.batch_size) for name, config in configs.items()}
+    generators = {name: RolloutGenerator(target, tokenizer=tokenizer, draft_model=draft if config else None,
+                                         speculative_config=config, max_num_seqs=args.batch_size)
+                      for name, config in configs.items()}
     steps = step_windows(generators["no_spec"].backend.runner, args.batch_size, step_widths, args.step_windows,
                          args.step_repeats)
     for window, stats in enumerate(steps):
