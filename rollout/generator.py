@@ -3,7 +3,8 @@ prompts, derives each call's seed, and returns samples in input order with their
 
 import gc
 
-from rollout.backend import BACKENDS, Backend
+from rollout.arguments import as_spec_config, check_call_args, check_generator_args, model_vocab_size
+from rollout.backend import Backend
 from rollout.default_models import default_model_paths
 from rollout.loading import default_device_dtype, load_tokenizer
 from rollout.outputs import RolloutBatch
@@ -15,12 +16,17 @@ from spec import SpecConfig
 class RolloutGenerator:
     """Rollouts from `model` (a local HF path, a loaded PreTrainedModel, or "default": the shipped target).
 
-    speculative_config: the vLLM-style dict (or a SpecConfig); None = no speculation. For
+    speculative_config: the vLLM-style dict, its JSON string, or a SpecConfig; None = no speculation. For
     `method="draft_model"`, `draft_model` (path or loaded model) overrides the config's `model` path.
+    device, dtype: torch objects or their names ("cuda:0", "bfloat16"); None: CUDA with bfloat16 when available,
+        else CPU with float32.
     max_num_seqs: running requests at most (each holds a KV slot of max_model_len positions).
     max_model_len: prompt + completion tokens at most (default: the model's max_position_embeddings, capped at
         DEFAULT_MAX_MODEL_LEN: the KV cache is allocated up front for max_num_seqs x max_model_len positions).
-    seed: base seed; call i of `generate` draws from seeds derived from (seed, i, prompt, sample).
+    seed: base seed, an integer in [0, 2**32); call i of `generate` draws from seeds derived from (seed, i, prompt,
+        sample).
+    Every argument is checked before anything loads (rollout/arguments.py): a ValueError names it, its value and
+    the fix; prompt and stop token ids are checked against the target's vocabulary at each call.
     step_costs: adaptive verification's step-cost table (a StepCostModel, its dict, or a JSON path; see
         spec/adaptive/step_cost.py), used as given; its "draft" curve only for a drafter with forwards of its own
         (draft_model), None for model-free ones. None: measured here at start-up, or loaded from the on-disk
@@ -36,12 +42,16 @@ class RolloutGenerator:
                  seed: int = 0, step_costs=None, backend: str = "embedded", vllm_kwargs: dict | None = None):
         if isinstance(model, str) and model == "default":
             model = default_model_paths()["target"]
-        config = _as_config(speculative_config, draft_model)  # bad config fails before any loading
+        check_generator_args(model=model, tokenizer=tokenizer, draft_model=draft_model, max_num_seqs=max_num_seqs,
+                             max_model_len=max_model_len, device=device, seed=seed, backend=backend,
+                             vllm_kwargs=vllm_kwargs)
+        config = as_spec_config(speculative_config, draft_model)  # bad config fails before any loading
         self.backend: Backend = _build_backend(backend, model, config, draft_model=draft_model,
                                                max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                                device=device, dtype=dtype, seed=seed, step_costs=step_costs,
                                                vllm_kwargs=vllm_kwargs)
         self.tokenizer = load_tokenizer(model, tokenizer)
+        self.vocab_size = model_vocab_size(model)
         self.max_num_seqs = max_num_seqs
         self.seed = seed
         self.num_calls = 0
@@ -69,10 +79,9 @@ class RolloutGenerator:
         prompts: strings, chat message lists (the chat template is applied), token-id lists, or a
         datasets.Dataset with a "prompt" column.
         """
-        params = sampling_params or SamplingParams()
-        if not isinstance(num_generations, int) or num_generations < 1:
-            raise ValueError(f"num_generations={num_generations!r}: must be an integer >= 1")
-        prompt_ids = to_token_ids(prompts, self.tokenizer, self.max_model_len)
+        params = SamplingParams() if sampling_params is None else sampling_params
+        check_call_args(params, num_generations, use_tqdm, self.vocab_size)
+        prompt_ids = to_token_ids(prompts, self.tokenizer, self.max_model_len, self.vocab_size)
         batch = self.backend.generate(prompt_ids, num_generations, params, self._call_seed(params), self._decode,
                                       use_tqdm)
         self.num_calls += 1
@@ -114,19 +123,8 @@ class RolloutGenerator:
         self.rollout_hooks = (*self.rollout_hooks, hook)
 
 
-def _as_config(speculative_config, draft_model) -> SpecConfig | None:
-    if speculative_config is None or isinstance(speculative_config, SpecConfig):
-        return speculative_config
-    config = dict(speculative_config)
-    if draft_model is not None and config.get("method") == "draft_model" and not config.get("model"):
-        config["model"] = draft_model if isinstance(draft_model, str) else draft_model.name_or_path or "draft"
-    return SpecConfig.from_dict(config)
-
-
 def _build_backend(backend: str, model, config: SpecConfig | None, *, draft_model, max_num_seqs: int,
                    max_model_len: int | None, device, dtype, seed: int, step_costs, vllm_kwargs) -> Backend:
-    if backend not in BACKENDS[:2]:
-        raise ValueError(f"backend={backend!r}: choose 'embedded' (this package's engine) or 'vllm'")
     if backend == "embedded":
         if vllm_kwargs is not None:
             raise ValueError("vllm_kwargs is only read with backend='vllm'; drop it or set backend='vllm'")

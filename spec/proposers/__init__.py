@@ -17,7 +17,8 @@ def build_proposer(config: SpecConfig, *, draft_model=None, max_num_seqs: int, m
     if config.method == "suffix":
         from spec.proposers.suffix import SuffixProposer
         return SuffixProposer(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests,
-                              config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob)
+                              config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob,
+                              config.suffix_decoding_max_cached_tokens)
     if config.method == "custom_class":
         from spec.proposers.custom import CustomProposer
         return CustomProposer(config)
