@@ -2,6 +2,7 @@
 prompts, derives each call's seed, and returns samples in input order with their logprobs and acceptance records."""
 
 import gc
+import threading
 
 from rollout.backend import BACKENDS, Backend
 from rollout.default_models import default_model_paths
@@ -29,22 +30,30 @@ class RolloutGenerator:
     backend: "embedded" (this package's engine, rollout/embedded.py) or "vllm" (`vllm.LLM` in this process,
         rollout/vllm_backend.py: it loads `model` and the drafter from their folders; device is vLLM's choice).
     vllm_kwargs: extra `vllm.LLM` arguments for backend="vllm" (tensor_parallel_size, gpu_memory_utilization, ...).
+    max_drafter_faults: a drafter that raises or returns a malformed proposal costs its step's drafts, not the call
+        (the tokens are the same, only slower); each call warns at its first fault, counts them
+        (stats["num_drafter_faults"]) and stops drafting after this many. 0: the first fails the call. Embedded
+        backend only.
+
+    One call at a time: concurrent `generate` and `load_weights` calls from several threads wait for each other.
     """
 
     def __init__(self, model, *, tokenizer=None, draft_model=None, speculative_config=None,
                  max_num_seqs: int = 64, max_model_len: int | None = None, device=None, dtype=None,
-                 seed: int = 0, step_costs=None, backend: str = "embedded", vllm_kwargs: dict | None = None):
+                 seed: int = 0, step_costs=None, backend: str = "embedded", vllm_kwargs: dict | None = None,
+                 max_drafter_faults: int = 8):
         if isinstance(model, str) and model == "default":
             model = default_model_paths()["target"]
         config = _as_config(speculative_config, draft_model)  # bad config fails before any loading
         self.backend: Backend = _build_backend(backend, model, config, draft_model=draft_model,
                                                max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                                device=device, dtype=dtype, seed=seed, step_costs=step_costs,
-                                               vllm_kwargs=vllm_kwargs)
+                                               vllm_kwargs=vllm_kwargs, max_drafter_faults=max_drafter_faults)
         self.tokenizer = load_tokenizer(model, tokenizer)
         self.max_num_seqs = max_num_seqs
         self.seed = seed
         self.num_calls = 0
+        self._lock = threading.Lock()  # the backend's caches serve one call, and call seeds count calls
         _freeze_heap()
 
     @property
@@ -73,20 +82,23 @@ class RolloutGenerator:
         if not isinstance(num_generations, int) or num_generations < 1:
             raise ValueError(f"num_generations={num_generations!r}: must be an integer >= 1")
         prompt_ids = to_token_ids(prompts, self.tokenizer, self.max_model_len)
-        batch = self.backend.generate(prompt_ids, num_generations, params, self._call_seed(params), self._decode,
-                                      use_tqdm)
-        self.num_calls += 1
+        with self._lock:
+            batch = self.backend.generate(prompt_ids, num_generations, params, self._call_seed(params), self._decode,
+                                          use_tqdm)
+            self.num_calls += 1
         return batch
 
     def load_weights(self, named_tensors) -> int:
         """Replace the target's weights with (HF parameter name, tensor) pairs, e.g. a trained policy's; every
         parameter must be given. Atomic: nothing is written unless all of them check out. Returns the number of
         tensors."""
-        return self.backend.load_weights(named_tensors)
+        with self._lock:
+            return self.backend.load_weights(named_tensors)
 
     def load_draft_weights(self, named_tensors) -> int:
         """Replace the draft model's weights likewise (method "draft_model")."""
-        return self.backend.load_draft_weights(named_tensors)
+        with self._lock:
+            return self.backend.load_draft_weights(named_tensors)
 
     def _call_seed(self, params: SamplingParams) -> int:
         """The base seed of this call's completions: the params' seed, else one derived from (seed, call number)."""
@@ -124,7 +136,8 @@ def _as_config(speculative_config, draft_model) -> SpecConfig | None:
 
 
 def _build_backend(backend: str, model, config: SpecConfig | None, *, draft_model, max_num_seqs: int,
-                   max_model_len: int | None, device, dtype, seed: int, step_costs, vllm_kwargs) -> Backend:
+                   max_model_len: int | None, device, dtype, seed: int, step_costs, vllm_kwargs,
+                   max_drafter_faults: int) -> Backend:
     if backend not in BACKENDS[:2]:
         raise ValueError(f"backend={backend!r}: choose 'embedded' (this package's engine) or 'vllm'")
     if backend == "embedded":
@@ -133,7 +146,8 @@ def _build_backend(backend: str, model, config: SpecConfig | None, *, draft_mode
         from rollout.embedded import EmbeddedBackend
         device, dtype = default_device_dtype(device, dtype)
         return EmbeddedBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs,
-                               max_model_len=max_model_len, device=device, dtype=dtype, step_costs=step_costs)
+                               max_model_len=max_model_len, device=device, dtype=dtype, step_costs=step_costs,
+                               max_drafter_faults=max_drafter_faults)
     if step_costs is not None:
         raise ValueError("step_costs is only read with backend='embedded' (adaptive verification's cost model); "
                          "drop it for backend='vllm'")
