@@ -2,6 +2,7 @@
 prompts, derives each call's seed, and returns samples in input order with their logprobs and acceptance records."""
 
 import gc
+import threading
 
 from rollout.arguments import as_spec_config, check_call_args, check_generator_args, model_vocab_size
 from rollout.backend import Backend
@@ -35,11 +36,18 @@ class RolloutGenerator:
     backend: "embedded" (this package's engine, rollout/embedded.py) or "vllm" (`vllm.LLM` in this process,
         rollout/vllm_backend.py: it loads `model` and the drafter from their folders; device is vLLM's choice).
     vllm_kwargs: extra `vllm.LLM` arguments for backend="vllm" (tensor_parallel_size, gpu_memory_utilization, ...).
+    max_drafter_faults: a drafter that raises or returns a malformed proposal costs its step's drafts, not the call
+        (the tokens are the same, only slower); each call warns at its first fault, counts them
+        (stats["num_drafter_faults"]) and stops drafting after this many. 0: the first fails the call. Embedded
+        backend only.
+
+    One call at a time: concurrent `generate` and `load_weights` calls from several threads wait for each other.
     """
 
     def __init__(self, model, *, tokenizer=None, draft_model=None, speculative_config=None,
                  max_num_seqs: int = 64, max_model_len: int | None = None, device=None, dtype=None,
-                 seed: int = 0, step_costs=None, backend: str = "embedded", vllm_kwargs: dict | None = None):
+                 seed: int = 0, step_costs=None, backend: str = "embedded", vllm_kwargs: dict | None = None,
+                 max_drafter_faults: int = 8):
         if isinstance(model, str) and model == "default":
             model = default_model_paths()["target"]
         check_generator_args(model=model, tokenizer=tokenizer, draft_model=draft_model, max_num_seqs=max_num_seqs,
@@ -49,12 +57,13 @@ class RolloutGenerator:
         self.backend: Backend = _build_backend(backend, model, config, draft_model=draft_model,
                                                max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                                device=device, dtype=dtype, seed=seed, step_costs=step_costs,
-                                               vllm_kwargs=vllm_kwargs)
+                                               vllm_kwargs=vllm_kwargs, max_drafter_faults=max_drafter_faults)
         self.tokenizer = load_tokenizer(model, tokenizer)
         self.vocab_size = model_vocab_size(model)
         self.max_num_seqs = max_num_seqs
         self.seed = seed
         self.num_calls = 0
+        self._lock = threading.Lock()  # the backend's caches serve one call, and call seeds count calls
         _freeze_heap()
 
     @property
@@ -82,20 +91,23 @@ class RolloutGenerator:
         params = SamplingParams() if sampling_params is None else sampling_params
         check_call_args(params, num_generations, use_tqdm, self.vocab_size)
         prompt_ids = to_token_ids(prompts, self.tokenizer, self.max_model_len, self.vocab_size)
-        batch = self.backend.generate(prompt_ids, num_generations, params, self._call_seed(params), self._decode,
-                                      use_tqdm)
-        self.num_calls += 1
+        with self._lock:
+            batch = self.backend.generate(prompt_ids, num_generations, params, self._call_seed(params), self._decode,
+                                          use_tqdm)
+            self.num_calls += 1
         return batch
 
     def load_weights(self, named_tensors) -> int:
         """Replace the target's weights with (HF parameter name, tensor) pairs, e.g. a trained policy's; every
         parameter must be given. Atomic: nothing is written unless all of them check out. Returns the number of
         tensors."""
-        return self.backend.load_weights(named_tensors)
+        with self._lock:
+            return self.backend.load_weights(named_tensors)
 
     def load_draft_weights(self, named_tensors) -> int:
         """Replace the draft model's weights likewise (method "draft_model")."""
-        return self.backend.load_draft_weights(named_tensors)
+        with self._lock:
+            return self.backend.load_draft_weights(named_tensors)
 
     def _call_seed(self, params: SamplingParams) -> int:
         """The base seed of this call's completions: the params' seed, else one derived from (seed, call number)."""
@@ -124,14 +136,16 @@ class RolloutGenerator:
 
 
 def _build_backend(backend: str, model, config: SpecConfig | None, *, draft_model, max_num_seqs: int,
-                   max_model_len: int | None, device, dtype, seed: int, step_costs, vllm_kwargs) -> Backend:
+                   max_model_len: int | None, device, dtype, seed: int, step_costs, vllm_kwargs,
+                   max_drafter_faults: int) -> Backend:
     if backend == "embedded":
         if vllm_kwargs is not None:
             raise ValueError("vllm_kwargs is only read with backend='vllm'; drop it or set backend='vllm'")
         from rollout.embedded import EmbeddedBackend
         device, dtype = default_device_dtype(device, dtype)
         return EmbeddedBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs,
-                               max_model_len=max_model_len, device=device, dtype=dtype, step_costs=step_costs)
+                               max_model_len=max_model_len, device=device, dtype=dtype, step_costs=step_costs,
+                               max_drafter_faults=max_drafter_faults)
     if step_costs is not None:
         raise ValueError("step_costs is only read with backend='embedded' (adaptive verification's cost model); "
                          "drop it for backend='vllm'")

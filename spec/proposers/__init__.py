@@ -1,7 +1,7 @@
 """Drafters behind one protocol (base.py), and the factory that builds one from a SpecConfig."""
 
 from spec.config import SpecConfig
-from spec.proposers.base import DraftRequest, Proposal, Proposer
+from spec.proposers.base import DrafterConfigError, DraftRequest, Proposal, Proposer
 
 
 def build_proposer(config: SpecConfig, *, draft_model=None, max_num_seqs: int, max_model_len: int,
@@ -29,4 +29,4 @@ def build_proposer(config: SpecConfig, *, draft_model=None, max_num_seqs: int, m
                               draft_sample_method=config.draft_sample_method, device=device, dtype=dtype)
 
 
-__all__ = ["DraftRequest", "Proposal", "Proposer", "build_proposer"]
+__all__ = ["DrafterConfigError", "DraftRequest", "Proposal", "Proposer", "build_proposer"]
