@@ -58,12 +58,15 @@ def step_costs(runs: dict) -> dict[int, dict[int, float]]:
 
 
 def position_acceptance(runs: dict) -> list[float]:
-    """r_j, the share of steps drafting at position j whose first j + 1 drafts were all accepted, from K = 8."""
+    """r_j, the share of steps drafting at position j whose first j + 1 drafts were all accepted: from the arm that
+    drafted deepest (the last repeat's figures)."""
+    best: list[float] = []
     for by_arm in runs.values():
-        for reply in by_arm.get("k8", [])[::-1]:
-            stats = reply["stats"]
-            return [stats[f"spec/acceptance_rate_pos_{j}"] for j in range(8) if f"spec/acceptance_rate_pos_{j}" in stats]
-    return []
+        for replies in by_arm.values():
+            stats = replies[-1]["stats"] if replies else {}
+            rates = [stats[f"spec/acceptance_rate_pos_{j}"] for j in range(16) if f"spec/acceptance_rate_pos_{j}" in stats]
+            best = rates if len(rates) > len(best) else best
+    return best
 
 
 def _drain(replies: list[dict]) -> list[int]:
