@@ -14,10 +14,16 @@ from rollout.default_models import default_model_paths
 # CPU this project is developed on (2 torch threads, every K timed on real rollouts at batch sizes 1..256; the
 # steady-state model alone predicted K = 6-8 throughout and measured slower). Re-run tune on other hardware.
 DEFAULT_SCHEDULE = [[1, 22, 8], [23, 90, 4], [91, 256, 2]]
-DEFAULT_NUM_PROMPTS = 32
+DEFAULT_NUM_PROMPTS = 32  # tune's acceptance rollout
+GENERATE_DEFAULTS = {"num_generations": 8, "max_tokens": 320, "max_num_seqs": 128,  # one GRPO generation batch of
+                     "max_num_seqs_help": "running requests at most"}  # the default task, long tail included, at once
+GENERATE_NUM_PROMPTS = 16
+TUNE_DEFAULTS = {"num_generations": 4, "max_tokens": 64, "max_num_seqs": 256,  # steady batches: tune times each size
+                 "max_num_seqs_help": "the largest batch size the schedule covers"}
 DEFAULT_MIN_GAIN = 1.02  # spec.adaptive.tuning.MIN_GAIN, written out so that --help does not import torch
-K_LEGEND = ("K by batch size: batch size:K, the number of draft tokens per request most often used at that many "
-            "running requests (the schedule's K; 0 = no speculation)")
+K_LEGEND = ("K by batch size: as the batch drains (completions finish), for each range of running requests, the "
+            "number of draft tokens per request most often used there (the schedule's K; 0 = no speculation) and "
+            "the engine steps that ran at those sizes")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -39,16 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="roll out prompts with speculative decoding, write JSONL",
                               formatter_class=_Formatter, epilog=K_LEGEND)
-    _add_common(gen, max_num_seqs=64)
+    _add_common(gen, **GENERATE_DEFAULTS)
     _add_generate(gen)
     tune = commands.add_parser("tune", help="measure acceptance and step costs; print the per-batch-size schedule "
                                             "as --speculative-config JSON", formatter_class=_Formatter)
-    _add_common(tune, max_num_seqs=256)
+    _add_common(tune, **TUNE_DEFAULTS)
     _add_tune(tune)
     return parser
 
 
-def _add_common(parser: argparse.ArgumentParser, max_num_seqs: int) -> None:
+def _add_common(parser: argparse.ArgumentParser, num_generations: int, max_tokens: int, max_num_seqs: int,
+                max_num_seqs_help: str) -> None:
     parser.add_argument("--model", default="default", help="target: a local HF folder, or 'default' (shipped pair)")
     parser.add_argument("--draft-model", default=None,
                         help="draft model folder; alone (without --speculative-config) it means method "
@@ -56,11 +63,12 @@ def _add_common(parser: argparse.ArgumentParser, max_num_seqs: int) -> None:
     parser.add_argument("--speculative-config", default=None,
                         help="the same JSON as vLLM's --speculative-config; 'none' turns speculation off "
                              "(default: the shipped draft with a per-batch-size schedule, for --model default)")
-    parser.add_argument("--num-generations", type=_positive_int, default=4, help="samples per prompt")
-    parser.add_argument("--max-tokens", type=_positive_int, default=64, help="completion tokens per sample at most")
+    parser.add_argument("--num-generations", type=_positive_int, default=num_generations, help="samples per prompt")
+    parser.add_argument("--max-tokens", type=_positive_int, default=max_tokens,
+                        help="completion tokens per sample at most")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
     parser.add_argument("--max-num-seqs", type=_positive_int, default=max_num_seqs,
-                        help="running requests at most (tune: the largest batch size the schedule covers)")
+                        help=max_num_seqs_help)
     parser.add_argument("--seed", type=int, default=0, help="base seed of the prompts and of the sampling")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -75,7 +83,8 @@ def _add_generate(gen: argparse.ArgumentParser) -> None:
                         help="a datasets dataset saved with save_to_disk, with a 'prompt' column")
     gen.add_argument("--num-prompts", type=_positive_int, default=None,
                      help=f"prompts to roll out: drawn from the default task, or the first N of --prompts / "
-                          f"--dataset (default: {DEFAULT_NUM_PROMPTS} from the task; all of a file or dataset)")
+                          f"--dataset (default: {GENERATE_NUM_PROMPTS} from the task; all of a file or "
+                          "dataset)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     gen.add_argument("--top-k", type=int, default=-1, help="sample among the k most likely tokens (-1 = off)")
     gen.add_argument("--output", default="rollouts.jsonl",
@@ -152,7 +161,7 @@ def _prompts(args) -> list:
 
     if args.prompts is None and args.dataset is None:
         from rollout.default_task import default_prompts
-        return default_prompts(args.num_prompts or DEFAULT_NUM_PROMPTS, seed=args.seed)
+        return default_prompts(args.num_prompts or GENERATE_NUM_PROMPTS, seed=args.seed)
     source, prompts = (f"--prompts {args.prompts}", read_prompts(args.prompts)) if args.prompts is not None \
         else (f"--dataset {args.dataset}", load_dataset_prompts(args.dataset))
     if args.num_prompts is not None and args.num_prompts > len(prompts):
@@ -171,14 +180,27 @@ def summary_table(stats: dict, output: str) -> str:
         ("mean acceptance length", f"{stats['mean_acceptance_length']:.2f}"),
         ("verified / emitted tokens", f"{stats['verified_tokens_per_emitted_token']:.2f}"),
         ("acceptance per position", " ".join(f"{r:.2f}" for r in stats["acceptance_rate_per_position"])),
-        ("K by batch size", " ".join(f"{b}:{_mode(c)}" for b, c in stats["k_per_batch_size"].items())),
+        ("K by batch size", drain(stats["k_per_batch_size"])),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join([*(f"{name:<{width}}  {value}" for name, value in rows), f"({K_LEGEND})"])
 
 
-def _mode(counter: dict) -> int:
-    return max(counter, key=counter.get)
+def drain(k_per_batch_size: dict) -> str:
+    """The batch's drain, largest sizes first: per range of running requests (powers of two), the K most used
+    there and the steps that ran there, e.g. "65-128: K 2, 21 steps | ... | 1: K 8, 120 steps"."""
+    ranges: dict[int, dict[int, int]] = {}
+    for batch_size, counts in k_per_batch_size.items():
+        merged = ranges.setdefault((int(batch_size) - 1).bit_length(), {})  # sizes 2^(b-1) + 1 .. 2^b
+        for k, steps in counts.items():
+            merged[k] = merged.get(k, 0) + steps
+    parts = []
+    for bits in sorted(ranges, reverse=True):
+        low, high = (2 ** (bits - 1) + 1, 2 ** bits) if bits else (1, 1)
+        name = str(low) if low == high else f"{low}-{high}"
+        counts = ranges[bits]
+        parts.append(f"{name}: K {max(counts, key=counts.get)}, {sum(counts.values())} steps")
+    return " | ".join(parts)
 
 
 def main(argv=None) -> int:
