@@ -305,8 +305,9 @@ def main() -> None:
     results = {}
     for workload in args.workloads.split(","):
         # A new training run per workload: adaptive arms start afresh (their step costs from the disk cache)
-        generators = {name: RolloutGenerator(target, tokenizer=tokenizer, draft_model=draft, speculative_config=config,
-                                             max_num_seqs=max(batch_sizes)) for name, config in arms().items()}
+        generators = {name: RolloutGenerator(target, tokenizer=tokenizer, draft_model=draft if config else None,
+                                             speculative_config=config, max_num_seqs=max(batch_sizes))
+                          for name, config in arms().items()}
         costs = generators["adaptive"].backend.policy.costs  # measured at start-up on this machine (or the disk cache)
         runners = {name: _engine_arm(g) for name, g in generators.items()}
         if workload == "default":

@@ -1,10 +1,25 @@
-"""The rollout engine and `RolloutGenerator`; built on `spec`."""
+"""The rollout engine and `RolloutGenerator`; built on `spec`.
 
-from rollout.default_models import default_model_paths
-from rollout.default_task import default_prompts
-from rollout.generator import RolloutGenerator
-from rollout.outputs import RolloutBatch, Sample
-from rollout.sampling_params import SamplingParams
+The public names load on first use (PEP 562), so that `python -m rollout --help`, which imports this package
+first, answers without importing torch; `from rollout import RolloutGenerator` works as usual.
+"""
 
-__all__ = ["RolloutBatch", "RolloutGenerator", "Sample", "SamplingParams", "default_model_paths",
-           "default_prompts"]
+import importlib
+
+_MODULES = {"RolloutBatch": "rollout.outputs", "RolloutGenerator": "rollout.generator", "Sample": "rollout.outputs",
+            "SamplingParams": "rollout.sampling_params", "default_model_paths": "rollout.default_models",
+            "default_prompts": "rollout.default_task"}
+
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name: str):
+    if name not in _MODULES:
+        raise AttributeError(f"module 'rollout' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

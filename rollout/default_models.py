@@ -1,5 +1,5 @@
 """The embedded default pair: a small Llama target and a much smaller draft sharing its tokenizer, trained by
-examples/train_default_pair.py on the arithmetic task of rollout/default_task.py and shipped in float16."""
+examples/train_default_pair.py on the long-tailed task of rollout/default_task.py and shipped in float16."""
 
 from pathlib import Path
 

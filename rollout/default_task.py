@@ -1,41 +1,55 @@
-"""The default task: column arithmetic with a worked solution and a checkable answer.
+"""The default task: rewrite the remaining sum, a long-tailed arithmetic task with a checkable answer.
 
-A problem is ``a + b`` or ``a - b`` with 2- or 3-digit operands (``a >= b`` for subtraction, so every
-answer is a non-negative integer). The worked solution goes column by column from the units, one line
-per column, with the carry or borrow written out, then states the answer::
+A problem is a sum of ``n`` one-digit operands (1 to 9). The worked solution adds the first two operands
+and rewrites the rest of the expression, one line per step, until one number remains, then states the
+answer. Every step's line is right-aligned to the question's width, so each operand still to add sits
+in the same columns as in the question::
 
-    Q: 731-58           <- prompt (``format_prompt``)
+    Q: 7+5+2+9          <- prompt (``format_prompt``)
     A:
-    11-8-0=3            <- completion (``format_solution``): 1 - 8 borrows, so the line shows 11
-    13-5-1=7
-    7-0-1=6
-    answer: 673
+     12+2+9             <- completion (``format_solution``): 7 + 5 = 12, the rest copied
+       14+9
+         23
+    answer: 23
 
-An addition line is ``x+y+carry=s``; the next column's carry is the tens digit of ``s``. A
-subtraction line is ``x-y-borrow=d``, with ``x`` shown plus 10 when the column borrows. Completions
-are 25 to 40 characters, i.e. tokens under the default character-level tokenizer.
+Terms: the *operands* are the numbers of the question; a *step* is one line, the expression with its
+first two operands replaced by their sum, padded on the left with spaces to the question's width (a
+sum never has more characters than the two operands and the ``+`` it replaces). A solution of ``n``
+operands has ``n - 1`` steps of ``2 n`` characters each, so its length grows quadratically in ``n``
+(about ``2 n**2`` characters, i.e. tokens under the default character-level tokenizer). ``n`` is drawn
+from a truncated geometric distribution, ``P(n) ~ NUM_OPERANDS_DECAY ** (n - 2)`` on
+``MIN_OPERANDS..MAX_OPERANDS``, so most completions are short (median about 25 tokens with the
+end-of-sequence token) and a few are long (the 90th percentile about 4x that, the longest about 280):
+the long tail of lengths that a reinforcement-learning rollout waits on. The model decides when
+to stop, when one number remains. (The alignment makes a copied operand sit a fixed distance, one line,
+below its previous place; in a pilot without it the default-sized target had learned no copying after
+800 training steps.)
 
-The default model pair (``rollout/default_models/``) was trained on this task by
-``examples/train_default_pair.py``; ``reward`` scores a completion against the question parsed
-back from its prompt.
+``examples/train_default_pair.py`` trains the default model pair (``rollout/default_models/``) on this
+task; ``reward`` scores a completion against the question parsed back from its prompt.
 """
 
 import random
 import re
 
-MIN_DIGITS = 2
-MAX_DIGITS = 3
-_PROMPT_RE = re.compile(r"Q:\s*(\d+)\s*([+-])\s*(\d+)")
+MIN_OPERANDS = 2
+MAX_OPERANDS = 12
+NUM_OPERANDS_DECAY = 0.65
+MIN_OPERAND = 1
+MAX_OPERAND = 9
+_SUM = r"\d+(?:\+\d+)+"
+_PROMPT_RE = re.compile(rf"Q:[ \t]*({_SUM})")
+_QUESTION_RE = re.compile(_SUM)
 _ANSWER_RE = re.compile(r"answer:\s*(-?\d+)")
+_NUM_OPERANDS = list(range(MIN_OPERANDS, MAX_OPERANDS + 1))
+_NUM_OPERANDS_WEIGHTS = [NUM_OPERANDS_DECAY ** (n - MIN_OPERANDS) for n in _NUM_OPERANDS]
 
 
 def make_problem(rng: random.Random) -> tuple[str, int]:
-    """Draw one problem from ``rng``; return ``(question, answer)``, e.g. ``("731-58", 673)``."""
-    a, b = (_random_operand(rng) for _ in range(2))
-    op = rng.choice("+-")
-    if op == "-" and a < b:
-        a, b = b, a
-    return f"{a}{op}{b}", _evaluate(a, op, b)
+    """Draw one problem from ``rng``; return ``(question, answer)``, e.g. ``("7+5+2+9", 23)``."""
+    num_operands = rng.choices(_NUM_OPERANDS, weights=_NUM_OPERANDS_WEIGHTS)[0]
+    operands = [rng.randint(MIN_OPERAND, MAX_OPERAND) for _ in range(num_operands)]
+    return "+".join(map(str, operands)), sum(operands)
 
 
 def format_prompt(question: str) -> str:
@@ -44,11 +58,15 @@ def format_prompt(question: str) -> str:
 
 
 def format_solution(question: str, answer: int) -> str:
-    """The worked completion for ``question``: one line per column, then ``answer: <answer>``."""
-    a, op, b = _parse_question(question)
-    if _evaluate(a, op, b) != answer:
+    """The worked completion for ``question``: one right-aligned line per step, then ``answer: <answer>``."""
+    operands = _parse_question(question)
+    width = len("+".join(map(str, operands)))
+    if sum(operands) != answer:
         raise ValueError(f"answer={answer} is wrong for question={question!r}; pass the value of the question")
-    lines = _addition_lines(a, b) if op == "+" else _subtraction_lines(a, b)
+    lines = []
+    while len(operands) > 1:
+        operands = [operands[0] + operands[1]] + operands[2:]
+        lines.append("+".join(map(str, operands)).rjust(width))
     return "\n".join(lines + [f"answer: {answer}"])
 
 
@@ -75,46 +93,11 @@ def reward(prompt: str, completion: str) -> float:
     match = _PROMPT_RE.search(prompt)
     if match is None:
         raise ValueError(f"prompt={prompt!r} holds no question; build prompts with format_prompt()")
-    a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
-    return 1.0 if extract_answer(completion) == _evaluate(a, op, b) else 0.0
+    return 1.0 if extract_answer(completion) == sum(map(int, match.group(1).split("+"))) else 0.0
 
 
-def _random_operand(rng: random.Random) -> int:
-    num_digits = rng.randint(MIN_DIGITS, MAX_DIGITS)
-    return rng.randint(10 ** (num_digits - 1), 10**num_digits - 1)
-
-
-def _evaluate(a: int, op: str, b: int) -> int:
-    return a + b if op == "+" else a - b
-
-
-def _parse_question(question: str) -> tuple[int, str, int]:
-    match = _PROMPT_RE.fullmatch("Q: " + question.strip())
-    if match is None:
-        raise ValueError(f"question={question!r} is not '<int>+<int>' or '<int>-<int>'; use make_problem()")
-    return int(match.group(1)), match.group(2), int(match.group(3))
-
-
-def _columns(a: int, b: int) -> list[tuple[int, int]]:
-    """Digit pairs of ``a`` and ``b``, units first, the shorter operand padded with zeros."""
-    num_columns = max(len(str(a)), len(str(b)))
-    return [(a // 10**i % 10, b // 10**i % 10) for i in range(num_columns)]
-
-
-def _addition_lines(a: int, b: int) -> list[str]:
-    lines, carry = [], 0
-    for x, y in _columns(a, b):
-        total = x + y + carry
-        lines.append(f"{x}+{y}+{carry}={total}")
-        carry = total // 10
-    return lines
-
-
-def _subtraction_lines(a: int, b: int) -> list[str]:
-    lines, borrow = [], 0
-    for x, y in _columns(a, b):
-        next_borrow = int(x - y - borrow < 0)
-        top = x + 10 * next_borrow
-        lines.append(f"{top}-{y}-{borrow}={top - y - borrow}")
-        borrow = next_borrow
-    return lines
+def _parse_question(question: str) -> list[int]:
+    if _QUESTION_RE.fullmatch(question.strip()) is None:
+        raise ValueError(f"question={question!r} is not a sum of two or more integers like '7+35+12'; "
+                         "use make_problem()")
+    return [int(x) for x in question.strip().split("+")]

@@ -28,11 +28,17 @@ _COST_SAVE_INTERVAL_S = 60.0  # refined step costs go back to the disk cache at 
 
 class EmbeddedBackend:
     """step_costs: adaptive verification's cost table (a StepCostModel, its dict, or a JSON path), used as given;
-    None: measured here, or loaded from the disk cache, and refined from every call's step times."""
+    None: measured here, or loaded from the disk cache, and refined from every call's step times.
+    max_drafter_faults: drafter faults a call tolerates before it stops drafting (rollout/engine.py)."""
 
     def __init__(self, model, config: SpecConfig | None, *, draft_model=None, max_num_seqs: int,
-                 max_model_len: int | None, device: torch.device, dtype: torch.dtype, step_costs=None):
+                 max_model_len: int | None, device: torch.device, dtype: torch.dtype, step_costs=None,
+                 max_drafter_faults: int = 8):
         user_costs = None if step_costs is None else _as_step_costs(step_costs)  # a bad table fails before loading
+        if type(max_drafter_faults) is not int or max_drafter_faults < 0:
+            raise ValueError(f"max_drafter_faults={max_drafter_faults!r}: must be an integer >= 0 (drafter faults a "
+                             "call tolerates before it stops drafting; 0 makes the first one fail the call)")
+        self.max_drafter_faults = max_drafter_faults
         self.config = config
         self.device, self.dtype = device, dtype
         self.max_num_seqs = max_num_seqs
@@ -68,16 +74,13 @@ class EmbeddedBackend:
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams, seed: int,
                  decode, use_tqdm: bool) -> RolloutBatch:
         engine = Engine(self.runner, self.proposer, self.policy, self.k_for_batch_size,
-                        max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len)
+                        max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
+                        vocab_size=self.model.config.vocab_size, max_drafter_faults=self.max_drafter_faults)
         requests = self._requests(prompt_ids, num_generations, params, seed)
         for request in requests:
             engine.add(request)
         with tqdm(total=len(requests), desc="rollouts", unit="sample", disable=not use_tqdm) as bar:
-            try:
-                elapsed = engine.run(on_finish=lambda r: bar.update(1))
-            except BaseException:
-                engine.abort()
-                raise
+            elapsed = engine.run(on_finish=lambda r: bar.update(1))  # a failed run releases what it held
         self._save_step_costs()
         return self._batch(requests, engine, elapsed, decode)
 
@@ -144,10 +147,12 @@ class EmbeddedBackend:
         policy = self.policy.stats()
         stats = {**engine.stats.to_dict(), **policy, "num_steps": engine.num_steps,
                  "num_proposed_draft_tokens": engine.num_proposed_drafts, "num_completion_tokens": num_tokens,
+                 "num_drafter_faults": engine.num_drafter_faults,
                  "verified_tokens_per_emitted_token": num_verified / max(num_tokens, 1),
                  "elapsed_s": elapsed, "tokens_per_s": num_tokens / max(elapsed, 1e-9)}
         metrics = {**engine.stats.to_metrics(), "spec/rollout_tokens_per_s": stats["tokens_per_s"],
                    "spec/verified_tokens_per_emitted_token": stats["verified_tokens_per_emitted_token"],
+                   "spec/num_drafter_faults": float(engine.num_drafter_faults),
                    **{f"spec/{name}": float(value) for name, value in policy.items()}}
         return RolloutBatch(samples, stats, metrics)
 

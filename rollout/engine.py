@@ -7,30 +7,46 @@ slot is cropped back to the invariant: rejected drafts vanish by moving the leng
 
 How many drafts each request drafts and verifies is the speculation policy's call (spec/policy.py): the static
 per-batch-size schedule, or adaptive verification (spec/adaptive/).
+
+Failures. A run that raises anywhere (KeyboardInterrupt included) leaves no request behind: on its way out `run`
+frees every cache slot of the target and the drafter and drops the drafter's per-request state, the error it
+re-raises is the original one, and a cleanup that fails too is noted on it. A drafter fault (its propose raises an
+Exception or breaks the protocol) costs only that step's drafts: verification is lossless, so the tokens follow the
+target all the same (with point proposals, seeded runs emit the very same tokens). A call counts its faults, warns
+at the first, and stops drafting after max_drafter_faults. Draft token ids outside the target's vocabulary are a
+DrafterConfigError: a bug, which fails the call.
 """
 
 import time
+import warnings
 from typing import Callable
 
 import torch
 
 from rollout.request import Request
 from rollout.scheduler import Scheduler, StepPlan
-from spec import (AcceptanceStats, DraftPlan, Proposal, Proposer, RunOutcome, SamplingTensors, SpeculationPolicy,
-                  StepInfo, StepOutcome, VerifyResult, rejection_sample)
+from spec import (AcceptanceStats, DraftPlan, DrafterConfigError, Proposal, Proposer, RunOutcome, SamplingTensors,
+                  SpeculationPolicy, StepInfo, StepOutcome, VerifyResult, rejection_sample)
 
 
 class Engine:
+    """vocab_size: the target's, which drafts must come from. max_drafter_faults: drafter faults a run tolerates
+    before it stops drafting (module docstring); 0: none, the first fails the run."""
+
     def __init__(self, runner, proposer: Proposer | None, policy: SpeculationPolicy,
-                 k_for_batch_size: Callable[[int], int], *, max_num_seqs: int, max_model_len: int):
+                 k_for_batch_size: Callable[[int], int], *, max_num_seqs: int, max_model_len: int, vocab_size: int,
+                 max_drafter_faults: int = 8):
         self.runner = runner
         self.proposer = proposer
         self.policy = policy
         self.scheduler = Scheduler(max_num_seqs, k_for_batch_size)
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.max_drafter_faults = max_drafter_faults
         self.stats = AcceptanceStats()
         self.num_steps = 0
         self.num_proposed_drafts = 0  # drafted, before the policy's select; stats.total counts the verified ones
+        self.num_drafter_faults = 0
 
     def add(self, request: Request) -> None:
         self.scheduler.add(request)
@@ -53,23 +69,36 @@ class Engine:
         return finished
 
     def run(self, on_finish: Callable[[Request], None] = lambda r: None) -> float:
-        """Step until every added request is finished; returns the wall time in seconds."""
+        """Step until every added request is finished; returns the wall time in seconds. On an error, nothing of
+        the run stays behind (module docstring)."""
         start = time.perf_counter()
         requests = list(self.scheduler.waiting)
         is_closed = not self.scheduler.running and len(requests) <= self.scheduler.max_num_seqs
-        self.policy.begin_run(len(requests), is_closed)
-        while self.has_unfinished:
-            for request in self.step():
-                on_finish(request)
-        self.policy.end_run(RunOutcome([len(r.output_ids) for r in requests],
-                                       [r.max_completion_len(self.max_model_len) for r in requests],
-                                       [r.acceptance for r in requests]))
+        try:
+            self.policy.begin_run(len(requests), is_closed)
+            while self.has_unfinished:
+                for request in self.step():
+                    on_finish(request)
+            self.policy.end_run(RunOutcome([len(r.output_ids) for r in requests],
+                                           [r.max_completion_len(self.max_model_len) for r in requests],
+                                           [r.acceptance for r in requests]))
+        except BaseException as error:
+            self._release_all(error)
+            raise
         return time.perf_counter() - start
 
-    def abort(self) -> None:
-        """Release every running request's cache slots after an error, so the runner and drafter stay usable."""
-        for request in list(self.scheduler.running):
-            self._release(request)
+    def _release_all(self, error: BaseException) -> None:
+        """Every running request leaves the scheduler and the drafter, and every cache slot is freed, whatever the
+        failed step left half-done (a slot allocated and not yet recorded, a move between slots): the runner's and
+        the drafter's `release_all` reset them whole."""
+        running = self.scheduler.abort()
+        _cleanup(error, self.runner.release_all)
+        release = getattr(self.proposer, "release_all", None)
+        if release is not None:
+            _cleanup(error, release)
+        elif self.proposer is not None:
+            for request in running:
+                _cleanup(error, self.proposer.finish, request.draft_view())
 
     def _plan(self) -> tuple[list[Request], StepInfo, float]:
         """Schedule the step, give new requests their slots and move the batch into its lowest slots; the running
@@ -116,16 +145,42 @@ class Engine:
         for request in movers:  # the runner hands out its lowest free slot: a hole below num_rows
             slot = self.runner.allocate()
             self.runner.copy_prefix(request.slot, slot, self.runner.seq_len(request.slot))
-            self.runner.free(request.slot)
-            request.slot = slot
+            request.slot, old = slot, request.slot  # request.slot always names a slot that holds its cache
+            self.runner.free(old)
 
     def _propose(self, requests: list[Request], plan: DraftPlan) -> Proposal:
-        if self.proposer is None or not any(plan.num_drafts):
-            return Proposal([[] for _ in requests], [[] for _ in requests])
-        proposal = self.proposer.propose([r.draft_view() for r in requests], plan.num_drafts, reveal=plan.reveal)
-        proposal.validate(plan.num_drafts, source=type(self.proposer).__name__)
+        """The drafter's proposal, validated; no drafts where it faults (module docstring)."""
+        is_off = 0 < self.max_drafter_faults <= self.num_drafter_faults
+        if self.proposer is None or not any(plan.num_drafts) or is_off:
+            return _no_drafts(len(requests))
+        try:
+            proposal = self.proposer.propose([r.draft_view() for r in requests], plan.num_drafts, reveal=plan.reveal)
+            proposal.validate(plan.num_drafts, source=self._drafter_name(), vocab_size=self.vocab_size)
+        except DrafterConfigError:
+            raise
+        except Exception as fault:
+            if not self.max_drafter_faults:
+                raise
+            self._drafter_fault(fault)
+            return _no_drafts(len(requests))
         self.num_proposed_drafts += sum(proposal.num_draft_tokens)
         return self._cut_at_stop(requests, proposal)
+
+    def _drafter_fault(self, fault: Exception) -> None:
+        """Count and, the first time in a run, warn; drop the drafter's state, which the failed step may have left
+        half-done (a slot allocated and not recorded, non-finite keys), where it can."""
+        self.num_drafter_faults += 1
+        release = getattr(self.proposer, "release_all", None)
+        if release is not None:
+            release()
+        if self.num_drafter_faults == 1:
+            warnings.warn(f"the drafter {self._drafter_name()} faulted ({type(fault).__name__}: {fault}); that step "
+                          "verified no drafts and the rollout goes on (verification is lossless: only speed is "
+                          "lost); this call counts faults in stats['num_drafter_faults'] and stops drafting after "
+                          f"max_drafter_faults={self.max_drafter_faults} of them", RuntimeWarning, stacklevel=2)
+
+    def _drafter_name(self) -> str:
+        return getattr(self.proposer, "name", None) or type(self.proposer).__name__
 
     def _cut_at_stop(self, requests: list[Request], proposal: Proposal) -> Proposal:
         """Drop the drafts after a draft stop token: if the stop is accepted the request ends there, so
@@ -152,8 +207,7 @@ class Engine:
         feeds = [r.token_ids[self.runner.seq_len(r.slot):] + d for r, d in zip(requests, proposal.token_ids)]
         logits = self.runner.forward(slots, feeds, [len(d) + 1 for d in proposal.token_ids])
         if not bool(torch.isfinite(logits).all()):
-            raise ValueError("the target model produced non-finite logits (NaN or inf); check its weights and "
-                             "dtype (e.g. float16 overflow on CPU: pass dtype=torch.float32)")
+            raise ValueError(_non_finite_message(logits, requests, proposal))
         sampling = SamplingTensors.build([r.params.temperature for r in requests], [r.params.top_k for r in requests],
                                          [r.params.top_p for r in requests], device=logits.device)
         uniforms = []  # each verified position's pair, read where the request's output stands (spec/uniforms.py)
@@ -182,9 +236,35 @@ class Engine:
         return finished
 
     def _release(self, request: Request) -> None:
-        self.scheduler.finish(request)
-        if request.slot is not None:
-            self.runner.free(request.slot)
-            request.slot = None
-        if self.proposer is not None:
+        if self.proposer is not None:  # first: where it raises, the request is still running for the cleanup
             self.proposer.finish(request.draft_view())
+        self.scheduler.finish(request)
+        slot, request.slot = request.slot, None
+        self.runner.free(slot)
+
+
+def _cleanup(error: BaseException, function, *args) -> None:
+    """function(*args); where it raises too, a note on `error`, which stays the one to see (a second Ctrl-C too)."""
+    try:
+        function(*args)
+    except BaseException as secondary:
+        error.add_note(f"releasing the run's cache slots and drafter state after this error also raised "
+                       f"{type(secondary).__name__}: {secondary}")
+
+
+def _no_drafts(num_reqs: int) -> Proposal:
+    return Proposal([[] for _ in range(num_reqs)], [[] for _ in range(num_reqs)])
+
+
+def _non_finite_message(logits: torch.Tensor, requests: list[Request], proposal: Proposal) -> str:
+    """What a verification forward with non-finite logits saw, and what usually causes it."""
+    is_bad = (~torch.isfinite(logits)).any(dim=-1).tolist()  # per logit row, each request's k + 1 in order
+    bad, offset = [], 0
+    for request, drafts in zip(requests, proposal.token_ids):
+        if any(is_bad[offset:offset + len(drafts) + 1]):
+            bad.append(request.prompt_index)
+        offset += len(drafts) + 1
+    return (f"the target produced non-finite logits (NaN or inf) in a verification forward, for {len(bad)} of "
+            f"{len(requests)} running requests (of prompts {sorted(set(bad))[:8]}); likely causes: non-finite target "
+            "weights (e.g. loaded from a diverged training step) or a float16/bfloat16 overflow in the forward (on "
+            "CPU pass dtype=torch.float32); the call stopped and released its cache slots")

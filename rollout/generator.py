@@ -2,8 +2,10 @@
 prompts, derives each call's seed, and returns samples in input order with their logprobs and acceptance records."""
 
 import gc
+import threading
 
-from rollout.backend import BACKENDS, Backend
+from rollout.arguments import as_spec_config, check_call_args, check_generator_args, model_vocab_size
+from rollout.backend import Backend
 from rollout.default_models import default_model_paths
 from rollout.loading import default_device_dtype, load_tokenizer
 from rollout.outputs import RolloutBatch
@@ -15,12 +17,17 @@ from spec import SpecConfig
 class RolloutGenerator:
     """Rollouts from `model` (a local HF path, a loaded PreTrainedModel, or "default": the shipped target).
 
-    speculative_config: the vLLM-style dict (or a SpecConfig); None = no speculation. For
+    speculative_config: the vLLM-style dict, its JSON string, or a SpecConfig; None = no speculation. For
     `method="draft_model"`, `draft_model` (path or loaded model) overrides the config's `model` path.
+    device, dtype: torch objects or their names ("cuda:0", "bfloat16"); None: CUDA with bfloat16 when available,
+        else CPU with float32.
     max_num_seqs: running requests at most (each holds a KV slot of max_model_len positions).
     max_model_len: prompt + completion tokens at most (default: the model's max_position_embeddings, capped at
         DEFAULT_MAX_MODEL_LEN: the KV cache is allocated up front for max_num_seqs x max_model_len positions).
-    seed: base seed; call i of `generate` draws from seeds derived from (seed, i, prompt, sample).
+    seed: base seed, an integer in [0, 2**32); call i of `generate` draws from seeds derived from (seed, i, prompt,
+        sample).
+    Every argument is checked before anything loads (rollout/arguments.py): a ValueError names it, its value and
+    the fix; prompt and stop token ids are checked against the target's vocabulary at each call.
     step_costs: adaptive verification's step-cost table (a StepCostModel, its dict, or a JSON path; see
         spec/adaptive/step_cost.py), used as given; its "draft" curve only for a drafter with forwards of its own
         (draft_model), None for model-free ones. None: measured here at start-up, or loaded from the on-disk
@@ -36,30 +43,41 @@ class RolloutGenerator:
         EOS ids, weight checks and drafter refresh.
     server_kwargs: ServerBackend options for backend="server" (weights_dir, request_timeout_s, reconnect_s,
         max_concurrency; rollout/server_backend.py).
+    max_drafter_faults: a drafter that raises or returns a malformed proposal costs its step's drafts, not the call
+        (the tokens are the same, only slower); each call warns at its first fault, counts them
+        (stats["num_drafter_faults"]) and stops drafting after this many. 0: the first fails the call. Embedded
+        backend only.
+
+    One call at a time: concurrent `generate` and `load_weights` calls from several threads wait for each other.
     """
 
     def __init__(self, model=None, *, tokenizer=None, draft_model=None, speculative_config=None,
                  max_num_seqs: int = 64, max_model_len: int | None = None, device=None, dtype=None,
                  seed: int = 0, step_costs=None, backend: str = "embedded", vllm_kwargs: dict | None = None,
-                 base_url: str | None = None, server_kwargs: dict | None = None):
+                 base_url: str | None = None, server_kwargs: dict | None = None, max_drafter_faults: int = 8):
         if isinstance(model, str) and model == "default":
             model = default_model_paths()["target"]
-        _check_backend_args(backend, model=model, vllm_kwargs=vllm_kwargs, step_costs=step_costs,
-                            base_url=base_url, server_kwargs=server_kwargs, speculative_config=speculative_config)
+        check_generator_args(model=model, tokenizer=tokenizer, draft_model=draft_model, max_num_seqs=max_num_seqs,
+                             max_model_len=max_model_len, device=device, seed=seed, backend=backend,
+                             vllm_kwargs=vllm_kwargs, step_costs=step_costs, base_url=base_url,
+                             server_kwargs=server_kwargs, speculative_config=speculative_config)
         if backend == "server":
             from rollout.server_backend import ServerBackend
             self.backend: Backend = ServerBackend(base_url, model=model, draft_model=draft_model, tokenizer=tokenizer,
                                                   **(server_kwargs or {}))
             model = self.backend.model_path
         else:
-            config = _as_config(speculative_config, draft_model)  # bad config fails before any loading
+            config = as_spec_config(speculative_config, draft_model)  # bad config fails before any loading
             self.backend = _build_backend(backend, model, config, draft_model=draft_model,
                                           max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device,
-                                          dtype=dtype, seed=seed, step_costs=step_costs, vllm_kwargs=vllm_kwargs)
+                                          dtype=dtype, seed=seed, step_costs=step_costs, vllm_kwargs=vllm_kwargs,
+                                          max_drafter_faults=max_drafter_faults)
         self.tokenizer = load_tokenizer(model, tokenizer)
+        self.vocab_size = None if model is None else model_vocab_size(model)
         self.max_num_seqs = getattr(self.backend, "max_num_seqs", max_num_seqs)
         self.seed = seed
         self.num_calls = 0
+        self._lock = threading.Lock()  # the backend's caches serve one call, and call seeds count calls
         _freeze_heap()
 
     @property
@@ -84,24 +102,26 @@ class RolloutGenerator:
         prompts: strings, chat message lists (the chat template is applied), token-id lists, or a
         datasets.Dataset with a "prompt" column.
         """
-        params = sampling_params or SamplingParams()
-        if not isinstance(num_generations, int) or num_generations < 1:
-            raise ValueError(f"num_generations={num_generations!r}: must be an integer >= 1")
-        prompt_ids = to_token_ids(prompts, self.tokenizer, self.max_model_len)
-        batch = self.backend.generate(prompt_ids, num_generations, params, self._call_seed(params), self._decode,
-                                      use_tqdm)
-        self.num_calls += 1
+        params = SamplingParams() if sampling_params is None else sampling_params
+        check_call_args(params, num_generations, use_tqdm, self.vocab_size)
+        prompt_ids = to_token_ids(prompts, self.tokenizer, self.max_model_len, self.vocab_size)
+        with self._lock:
+            batch = self.backend.generate(prompt_ids, num_generations, params, self._call_seed(params), self._decode,
+                                          use_tqdm)
+            self.num_calls += 1
         return batch
 
     def load_weights(self, named_tensors) -> int:
         """Replace the target's weights with (HF parameter name, tensor) pairs, e.g. a trained policy's; every
         parameter must be given. Atomic: nothing is written unless all of them check out. Returns the number of
         tensors."""
-        return self.backend.load_weights(named_tensors)
+        with self._lock:
+            return self.backend.load_weights(named_tensors)
 
     def load_draft_weights(self, named_tensors) -> int:
         """Replace the draft model's weights likewise (method "draft_model")."""
-        return self.backend.load_draft_weights(named_tensors)
+        with self._lock:
+            return self.backend.load_draft_weights(named_tensors)
 
     def _call_seed(self, params: SamplingParams) -> int:
         """The base seed of this call's completions: the params' seed, else one derived from (seed, call number)."""
@@ -129,45 +149,15 @@ class RolloutGenerator:
         self.rollout_hooks = (*self.rollout_hooks, hook)
 
 
-def _as_config(speculative_config, draft_model) -> SpecConfig | None:
-    if speculative_config is None or isinstance(speculative_config, SpecConfig):
-        return speculative_config
-    config = dict(speculative_config)
-    if draft_model is not None and config.get("method") == "draft_model" and not config.get("model"):
-        config["model"] = draft_model if isinstance(draft_model, str) else draft_model.name_or_path or "draft"
-    return SpecConfig.from_dict(config)
-
-
-def _check_backend_args(backend: str, *, model, vllm_kwargs, step_costs, base_url, server_kwargs,
-                        speculative_config) -> None:
-    """ValueError for an unknown backend, a missing model or URL, and arguments the chosen backend never reads."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}: choose 'embedded' (this package's engine), 'vllm' (vllm.LLM in this "
-                         "process) or 'server' (a running vLLM server at base_url)")
-    if backend == "server" and not base_url:
-        raise ValueError("backend='server' needs base_url, the running server's URL (e.g. 'http://127.0.0.1:8000'; "
-                         "start one with python -m rollout serve --model FOLDER --speculative-config JSON)")
-    if backend != "server" and model is None:
-        raise ValueError(f"model=None: backend={backend!r} needs a model (a local HF folder, a loaded model, or "
-                         "'default')")
-    read_only_by = {"vllm_kwargs": ("vllm", vllm_kwargs), "step_costs": ("embedded", step_costs),
-                    "base_url": ("server", base_url), "server_kwargs": ("server", server_kwargs)}
-    for name, (reader, value) in read_only_by.items():
-        if value is not None and backend != reader:
-            raise ValueError(f"{name} is only read with backend={reader!r}; drop it or set backend={reader!r}")
-    if backend == "server" and speculative_config is not None:
-        raise ValueError("speculative_config with backend='server': the server runs the config it was started with "
-                         "(read from its /server_info); drop speculative_config, or restart the server with "
-                         "--speculative-config JSON")
-
-
 def _build_backend(backend: str, model, config: SpecConfig | None, *, draft_model, max_num_seqs: int,
-                   max_model_len: int | None, device, dtype, seed: int, step_costs, vllm_kwargs) -> Backend:
+                   max_model_len: int | None, device, dtype, seed: int, step_costs, vllm_kwargs,
+                   max_drafter_faults: int) -> Backend:
     if backend == "embedded":
         from rollout.embedded import EmbeddedBackend
         device, dtype = default_device_dtype(device, dtype)
         return EmbeddedBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs,
-                               max_model_len=max_model_len, device=device, dtype=dtype, step_costs=step_costs)
+                               max_model_len=max_model_len, device=device, dtype=dtype, step_costs=step_costs,
+                               max_drafter_faults=max_drafter_faults)
     from rollout.vllm_backend import VLLMBackend
     return VLLMBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                        dtype=dtype, seed=seed, vllm_kwargs=vllm_kwargs)

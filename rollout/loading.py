@@ -8,11 +8,32 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 def default_device_dtype(device, dtype) -> tuple[torch.device, torch.dtype]:
     """Defaults chosen before any model is loaded (spec's runners default to the loaded model's device instead):
-    CUDA when available, else CPU; float32 on CPU (fast there, and exact logprobs), bfloat16 on GPU."""
-    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    CUDA when available, else CPU; float32 on CPU (fast there, and exact logprobs), bfloat16 on GPU. A device or
+    dtype given as a string ("cuda:0", "bfloat16") is parsed here; one this machine cannot honour is a ValueError."""
+    device = _as_device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dtype is None:
-        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    return device, dtype
+        return device, torch.float32 if device.type == "cpu" else torch.bfloat16
+    return device, _as_dtype(dtype)
+
+
+def _as_device(device) -> torch.device:
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device={device!r}: not a device ({e}); pass e.g. 'cpu', 'cuda' or 'cuda:1'") from e
+    if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
+        raise ValueError(f"device={str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                         "pass device='cpu' or an index below that count (None picks one)")
+    return device
+
+
+def _as_dtype(dtype) -> torch.dtype:
+    name = dtype.removeprefix("torch.") if isinstance(dtype, str) else None
+    value = getattr(torch, name, None) if name else dtype
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise ValueError(f"dtype={dtype!r}: expected a floating-point torch dtype or its name, e.g. torch.float32, "
+                         "'float32', 'bfloat16' or 'float16'")
+    return value
 
 
 def load_model(model, device: torch.device, dtype: torch.dtype, field: str) -> PreTrainedModel:
@@ -55,8 +76,15 @@ DEFAULT_MAX_MODEL_LEN = 2048
 
 def default_max_model_len(config, max_model_len: int | None) -> int:
     """max_model_len, else the model's max_position_embeddings capped at DEFAULT_MAX_MODEL_LEN (the KV cache is
-    allocated up front for max_num_seqs x max_model_len positions)."""
-    return max_model_len or min(config.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    allocated up front for max_num_seqs x max_model_len positions). Beyond max_position_embeddings is a
+    ValueError: the model was not trained for those positions."""
+    limit = getattr(config.get_text_config(), "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
+    if max_model_len is None:
+        return min(limit, DEFAULT_MAX_MODEL_LEN)
+    if max_model_len > limit:
+        raise ValueError(f"max_model_len={max_model_len} is beyond the model's max_position_embeddings={limit}; "
+                         f"pass max_model_len <= {limit} (or None: {min(limit, DEFAULT_MAX_MODEL_LEN)})")
+    return max_model_len
 
 
 def eos_token_ids(generation_config, config) -> set[int]:

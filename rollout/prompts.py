@@ -1,8 +1,12 @@
 """Turning user prompts (text, chat messages, token ids, a datasets.Dataset) into token-id lists."""
 
+from spec.checks import check_token_ids
 
-def to_token_ids(prompts, tokenizer, max_model_len: int) -> list[list[int]]:
-    """One token-id list per prompt; ValueError naming the prompt for empty or too-long ones."""
+
+def to_token_ids(prompts, tokenizer, max_model_len: int, vocab_size: int | None = None) -> list[list[int]]:
+    """One token-id list per prompt; ValueError naming the prompt for an empty or too-long one, or for a token id
+    that is not an int in [0, vocab_size) (a bool, a negative id, one past the model's vocabulary), before any
+    model runs."""
     if hasattr(prompts, "column_names"):  # a datasets.Dataset
         if "prompt" not in prompts.column_names:
             raise ValueError(f"prompts: the dataset has columns {prompts.column_names}; it needs a 'prompt' column")
@@ -17,6 +21,7 @@ def to_token_ids(prompts, tokenizer, max_model_len: int) -> list[list[int]]:
         if len(ids) >= max_model_len:
             raise ValueError(f"prompts[{i}] has {len(ids)} tokens, leaving no room under max_model_len="
                              f"{max_model_len}; shorten the prompt or raise max_model_len")
+        check_token_ids(f"prompts[{i}]", ids, vocab_size)
     return token_ids
 
 

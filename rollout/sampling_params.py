@@ -1,16 +1,27 @@
 """`SamplingParams`: how each completion is sampled (the names and meanings of vLLM's)."""
 
-import math
 from dataclasses import dataclass
+
+from spec.checks import check_int, check_number, check_token_ids, is_int
+from spec.sampling import GREEDY_TEMPERATURE
 
 _SEED_MIX = 1_000_003
 
 
 @dataclass
 class SamplingParams:
-    """temperature: 0 = greedy; top_p in (0, 1]; top_k: -1 = off, else >= 1; max_tokens >= 1;
-    stop_token_ids: extra ids that end a completion (EOS always does); seed: base seed of the completions'
-    generators (None: the generator's seed). Stop tokens are kept in `completion_ids`, as vLLM keeps them."""
+    """How each completion is sampled. Every field is checked on construction (ValueError naming it).
+
+    temperature: >= 0; 0 = greedy. As in vLLM, a temperature below GREEDY_TEMPERATURE = 1e-5 (its
+        _SAMPLING_EPS) is greedy too: it is stored as 0.0, so the completion is the argmax path and its logprobs
+        are those reported for temperature 0 (the unscaled distribution's); nothing divides by it.
+    top_p: in (0, 1]; 1.0 = off.
+    top_k: -1 = off, else an integer >= 1.
+    max_tokens: an integer >= 1.
+    stop_token_ids: a list of extra token ids that end a completion (EOS always does); checked against the
+        model's vocabulary at each call. Stop tokens are kept in `completion_ids`, as vLLM keeps them.
+    seed: base seed of the completions' generators, an integer in [0, 2**63); None: the generator's seed.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -20,17 +31,20 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) \
-                or self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature!r}: must be a finite number >= 0 (0 = greedy)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]; use 1.0 to turn it off")
-        if not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
+        check_number("temperature", self.temperature, ">= 0 (0 = greedy)", lambda t: t >= 0)
+        if self.temperature < GREEDY_TEMPERATURE:
+            self.temperature = 0.0
+        check_number("top_p", self.top_p, "in (0, 1]; use 1.0 to turn it off", lambda p: 0 < p <= 1)
+        if not (is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1)):
             raise ValueError(f"top_k={self.top_k!r}: must be -1 (off) or an integer >= 1")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
-        if self.stop_token_ids is not None and not all(isinstance(t, int) for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids (int)")
+        check_int("max_tokens", self.max_tokens, 1)
+        if self.stop_token_ids is not None:
+            if not isinstance(self.stop_token_ids, (list, tuple)):
+                raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids, e.g. [2]")
+            check_token_ids("stop_token_ids", self.stop_token_ids)
+            self.stop_token_ids = list(self.stop_token_ids)
+        if self.seed is not None:
+            check_int("seed", self.seed, 0, 2 ** 63 - 1, hint=" or None (the generator's seed)")
 
 
 def mix_seed(*parts: int) -> int:

@@ -52,3 +52,8 @@ class Scheduler:
     def finish(self, request: Request) -> None:
         request.status = RequestStatus.FINISHED
         self.running.remove(request)
+
+    def abort(self) -> list[Request]:
+        """Take every running request out (a failed run) and return them."""
+        running, self.running = self.running, []
+        return running

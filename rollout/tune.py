@@ -21,10 +21,10 @@ import json
 import math
 import statistics
 import sys
-from pathlib import Path
 
 from rollout.default_task import default_prompts
 from rollout.generator import RolloutGenerator
+from rollout.prompt_files import read_prompts
 from rollout.sampling_params import SamplingParams
 from spec.adaptive.cost_profile import doubling_grid
 from spec.schedule import BatchSizeSchedule
@@ -89,19 +89,12 @@ def _step_costs(generator: RolloutGenerator, args, prompt_ids: list[list[int]], 
 
 
 def prompt_picker(args):
-    """(n, seed) -> n prompts: from the --prompts file (JSONL with a "prompt" field, or a text file with one prompt a
-    line, a literal \\n standing for a newline), a window starting at a seed-chosen line, cycled; else the default
-    task's, generated from the seed."""
+    """(n, seed) -> n prompts: from the --prompts file (generate's format, rollout/prompt_files.py), a window starting
+    at a seed-chosen line, cycled; else the default task's, generated from the seed."""
     path = getattr(args, "prompts", None)
     if path is None:
         return lambda n, seed: default_prompts(n, seed=seed)
-    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
-    if path.endswith(".jsonl"):
-        pool = [json.loads(line)["prompt"] for line in lines]
-    else:
-        pool = [line.replace("\\n", "\n") for line in lines]
-    if not pool:
-        raise ValueError(f"--prompts {path}: no prompts in the file (one a line, or JSONL with a 'prompt' field)")
+    pool = read_prompts(path)
     return lambda n, seed: [pool[(seed + i) % len(pool)] for i in range(n)]
 
 

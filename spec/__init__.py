@@ -5,14 +5,15 @@ or `trainers`. Adaptive verification lives in `spec.adaptive`, which this core n
 from spec.config import SpecConfig
 from spec.metrics import AcceptanceStats, RequestAcceptance
 from spec.policy import DraftPlan, RunOutcome, SpeculationPolicy, StaticPolicy, StepInfo, StepOutcome
-from spec.proposers import DraftRequest, Proposal, Proposer, build_proposer
+from spec.proposers import DrafterConfigError, DraftRequest, Proposal, Proposer, build_proposer
 from spec.rejection import VerifyResult, rejection_sample
 from spec.sampling import SamplingTensors, processed_logprobs
 from spec.schedule import BatchSizeSchedule
 from spec.uniforms import PositionUniforms
 
 __all__ = [
-    "AcceptanceStats", "BatchSizeSchedule", "DraftPlan", "DraftRequest", "PositionUniforms", "Proposal", "Proposer",
+    "AcceptanceStats", "BatchSizeSchedule", "DraftPlan", "DrafterConfigError", "DraftRequest", "PositionUniforms",
+    "Proposal", "Proposer",
     "RequestAcceptance", "RunOutcome", "SamplingTensors", "SpecConfig", "SpeculationPolicy", "StaticPolicy",
     "StepInfo", "StepOutcome", "VerifyResult", "build_proposer", "processed_logprobs", "rejection_sample",
 ]

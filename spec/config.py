@@ -4,14 +4,18 @@ Key names follow vLLM where the concept is the same, so one dict drives the embe
 """
 
 import dataclasses
+import json
+import os
 from dataclasses import dataclass, field
 
+from spec.checks import check_bool, check_int, check_number, check_optional_int
 from spec.schedule import BatchSizeSchedule
 
 EMBEDDED_METHODS = ("draft_model", "ngram", "suffix", "custom_class")
 VLLM_ONLY_METHODS = ("eagle", "eagle3", "mtp", "dflash", "dspark", "medusa", "mlp_speculator")
 REJECTION_SAMPLE_METHODS = ("standard", "synthetic", "block")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+EMBEDDED_ONLY_KEYS = ("suffix_decoding_max_cached_tokens",)  # read by the embedded engine; never sent to vLLM
 
 
 @dataclass
@@ -32,9 +36,14 @@ class SpecConfig:
     prompt_lookup_min / prompt_lookup_max: n-gram sizes tried by `ngram`, longest first.
     suffix_decoding_max_tree_depth: longest substring the suffix trie indexes (and matches).
     suffix_decoding_max_cached_requests: finished rollouts kept in the global suffix cache (0: none).
+    suffix_decoding_max_cached_tokens: tokens kept in that cache (0: none), oldest rollouts evicted first; both
+        bounds apply. Embedded engine only (vLLM's cache has no token bound; to_vllm refuses a non-default value).
     suffix_decoding_max_spec_factor: drafts per request at most this factor x the match length.
     suffix_decoding_min_token_prob: stop speculating below this continuation frequency.
     draft_tensor_parallel_size, max_model_len, parallel_drafting, use_heterogeneous_vocab: passed to vLLM.
+
+    Every field is checked on construction: type (bools are true/false, counts are ints) and range, a ValueError
+    naming the field, the value and the fix.
     """
 
     method: str
@@ -48,6 +57,9 @@ class SpecConfig:
     prompt_lookup_max: int = 5
     suffix_decoding_max_tree_depth: int = 24
     suffix_decoding_max_cached_requests: int = 10000
+    # the trie takes up to max_tree_depth nodes a token: 6.7 KB a token at depth 24 on text that never repeats
+    # (tracemalloc), so at most ~0.7 GB
+    suffix_decoding_max_cached_tokens: int = 100_000
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
     draft_tensor_parallel_size: int | None = None
@@ -60,13 +72,14 @@ class SpecConfig:
         self._check_choice("method", EMBEDDED_METHODS + VLLM_ONLY_METHODS)
         self._check_choice("rejection_sample_method", REJECTION_SAMPLE_METHODS)
         self._check_choice("draft_sample_method", DRAFT_SAMPLE_METHODS)
-        if not _is_int(self.num_speculative_tokens) or self.num_speculative_tokens < 1:
-            raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens!r}: must be an integer >= 1; "
-                             "to turn speculation off at some batch sizes use num_speculative_tokens_per_batch_size"
-                             " with K=0, or pass no speculative config at all")
-        if self.method not in ("ngram", "suffix") and not self.model:
-            fix = '"pkg.module.Class"' if self.method == "custom_class" else "a path to the draft model"
-            raise ValueError(f"model={self.model!r}: method {self.method!r} needs a model; set model to {fix}")
+        check_int("num_speculative_tokens", self.num_speculative_tokens, 1,
+                  hint="; to turn speculation off at some batch sizes use num_speculative_tokens_per_batch_size "
+                       "with K=0, or pass no speculative config at all")
+        self._check_model()
+        for name in ("enable_adaptive_verification", "parallel_drafting", "use_heterogeneous_vocab"):
+            check_bool(name, getattr(self, name))
+        check_optional_int("draft_tensor_parallel_size", self.draft_tensor_parallel_size, 1)
+        check_optional_int("max_model_len", self.max_model_len, 1, hint=" (None: the target's)")
         self._check_prompt_lookup()
         self._check_suffix()
         if self.num_speculative_tokens_per_batch_size is not None:
@@ -75,30 +88,35 @@ class SpecConfig:
 
     def _check_choice(self, name: str, choices: tuple) -> None:
         value = getattr(self, name)
-        if value not in choices:
+        if not isinstance(value, str) or value not in choices:
             raise ValueError(f"{name}={value!r} is not supported; choose one of {list(choices)}")
+
+    def _check_model(self) -> None:
+        if isinstance(self.model, os.PathLike):
+            self.model = os.fspath(self.model)
+        if self.model is not None and not isinstance(self.model, str):
+            raise ValueError(f"model={self.model!r}: must be a path (str) or \"pkg.module.Class\" (custom_class)")
+        if self.method not in ("ngram", "suffix") and not self.model:
+            fix = '"pkg.module.Class"' if self.method == "custom_class" else "a path to the draft model"
+            raise ValueError(f"model={self.model!r}: method {self.method!r} needs a model; set model to {fix}")
 
     def _check_prompt_lookup(self) -> None:
         for name in ("prompt_lookup_min", "prompt_lookup_max"):
-            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be an integer >= 1")
+            check_int(name, getattr(self, name), 1)
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min={self.prompt_lookup_min} > prompt_lookup_max="
                              f"{self.prompt_lookup_max}: set prompt_lookup_min <= prompt_lookup_max")
 
     def _check_suffix(self) -> None:
-        if not _is_int(self.suffix_decoding_max_tree_depth) or self.suffix_decoding_max_tree_depth < 2:
-            raise ValueError(f"suffix_decoding_max_tree_depth={self.suffix_decoding_max_tree_depth!r}: "
-                             "must be an integer >= 2")
-        if not _is_int(self.suffix_decoding_max_cached_requests) or self.suffix_decoding_max_cached_requests < 0:
-            raise ValueError(f"suffix_decoding_max_cached_requests={self.suffix_decoding_max_cached_requests!r}: "
-                             "must be an integer >= 0 (0 disables the global cache)")
-        if not self.suffix_decoding_max_spec_factor > 0:
-            raise ValueError(f"suffix_decoding_max_spec_factor={self.suffix_decoding_max_spec_factor!r}: "
-                             "must be > 0")
-        if not 0 <= self.suffix_decoding_min_token_prob <= 1:
-            raise ValueError(f"suffix_decoding_min_token_prob={self.suffix_decoding_min_token_prob!r}: "
-                             "must be in [0, 1]")
+        check_int("suffix_decoding_max_tree_depth", self.suffix_decoding_max_tree_depth, 2)
+        check_int("suffix_decoding_max_cached_requests", self.suffix_decoding_max_cached_requests, 0,
+                  hint=" (0 disables the global cache)")
+        check_int("suffix_decoding_max_cached_tokens", self.suffix_decoding_max_cached_tokens, 0,
+                  hint=" (0 disables the global cache)")
+        check_number("suffix_decoding_max_spec_factor", self.suffix_decoding_max_spec_factor, "> 0",
+                     lambda factor: factor > 0)
+        check_number("suffix_decoding_min_token_prob", self.suffix_decoding_min_token_prob, "in [0, 1]",
+                     lambda prob: 0 <= prob <= 1)
 
     @classmethod
     def from_dict(cls, config: dict) -> "SpecConfig":
@@ -114,6 +132,15 @@ class SpecConfig:
                 raise ValueError(f"speculative_config is missing {required!r}; e.g. "
                                  '{"method": "ngram", "num_speculative_tokens": 4}')
         return cls(**config)
+
+    @staticmethod
+    def parse_json(text: str, name: str = "speculative_config") -> dict:
+        """The dict in the JSON text of vLLM's --speculative-config; bad JSON is a ValueError showing the fix."""
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name}={text!r} is not valid JSON ({e}); e.g. "
+                             '\'{"method": "ngram", "num_speculative_tokens": 4}\'') from e
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -161,7 +188,8 @@ class SpecConfig:
         vLLM reads for this method (n-gram and suffix sizes are always passed, so both engines use the same ones).
 
         NotImplementedError for what vLLM does not run: adaptive verification with a drafter other than DSpark,
-        and `custom_class` drafters (they implement this project's Proposer protocol, not vLLM's).
+        `custom_class` drafters (they implement this project's Proposer protocol, not vLLM's), and an
+        embedded-only key (EMBEDDED_ONLY_KEYS) set away from its default; those keys are never passed.
         """
         if self.enable_adaptive_verification and self.method != "dspark":
             raise NotImplementedError(
@@ -173,6 +201,11 @@ class SpecConfig:
                 f"method='custom_class' (model={self.model!r}): the class implements this project's Proposer "
                 "protocol (spec/proposers/base.py), which vLLM cannot run; use backend=\"embedded\"")
         defaults = {f.name: f.default for f in dataclasses.fields(self) if f.init}
+        for name in EMBEDDED_ONLY_KEYS:
+            if getattr(self, name) != defaults.pop(name):
+                raise NotImplementedError(f"{name}={getattr(self, name)!r} is read by the embedded engine only; "
+                                          "drop it for backend=\"vllm\" (vLLM bounds its suffix cache by "
+                                          "suffix_decoding_max_cached_requests)")
         by_method = {"ngram": ("prompt_lookup_min", "prompt_lookup_max"),
                      "suffix": tuple(name for name in defaults if name.startswith("suffix_decoding_"))}
         method_only = {name for names in by_method.values() for name in names}
@@ -182,8 +215,4 @@ class SpecConfig:
             if name in by_method.get(self.method, ()) or (name not in method_only and value != default):
                 config[name] = [list(r) for r in value] if name == "num_speculative_tokens_per_batch_size" else value
         return config
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 

@@ -211,6 +211,10 @@ class RaggedRunner:
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         self.cache.copy_prefix(src, dst, length)
 
+    def release_all(self) -> None:
+        """Free every slot and zero the cache, whatever state a failed caller left them in."""
+        self.cache.release_all()
+
     @torch.inference_mode()
     def forward(self, slots: list[int], token_ids: list[list[int]], num_logits: list[int]) -> torch.Tensor:
         """Append token_ids[i] to slot i; float32 logits [sum(num_logits), vocab] of each row's last

@@ -80,6 +80,10 @@ class PaddedRunner:
         self.slots.free(slot)
         del self._token_ids[slot]
 
+    def release_all(self) -> None:
+        self.slots.release_all()
+        self._token_ids.clear()
+
     def seq_len(self, slot: int) -> int:
         return self.slots.seq_len(slot)
 

@@ -5,19 +5,22 @@ Drafter (q) and target (p) distributions go through this one function so that ve
 with like, and the logprobs handed to trainers are those of the distribution the tokens were sampled from.
 
 Temperature 0 means greedy: the emitted token is the argmax, and its reported logprob is taken from the
-unscaled distribution (temperature 1, top-k/top-p still applied), as vLLM reports it.
+unscaled distribution (temperature 1, top-k/top-p still applied), as vLLM reports it. So is any temperature below
+GREEDY_TEMPERATURE (vLLM's _SAMPLING_EPS): nothing divides logits by a temperature that small.
 """
 
 from dataclasses import dataclass
 
 import torch
 
+GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: logits / 1e-30 overflow to inf, and their softmax to NaN
+
 
 @dataclass
 class SamplingTensors:
     """Per-request sampling settings as tensors, one entry per request.
 
-    temperature: [num_reqs] float, 0 = greedy.
+    temperature: [num_reqs] float, 0 (or anything below GREEDY_TEMPERATURE) = greedy.
     top_k: [num_reqs] long, -1 = off.
     top_p: [num_reqs] float in (0, 1], 1 = off.
     """
@@ -38,7 +41,7 @@ class SamplingTensors:
 
     @property
     def is_greedy(self) -> torch.Tensor:
-        return self.temperature == 0
+        return self.temperature < GREEDY_TEMPERATURE
 
     def repeat_interleave(self, repeats: torch.Tensor) -> "SamplingTensors":
         """Expand per-request settings to per-position settings ([sum(repeats)])."""
@@ -54,7 +57,7 @@ def processed_logprobs(logits: torch.Tensor, sampling: SamplingTensors) -> torch
 
     logits: [n, vocab], one row per position; sampling holds one entry per row. Returns float32 [n, vocab].
     """
-    temperature = torch.where(sampling.temperature > 0, sampling.temperature, torch.ones_like(sampling.temperature))
+    temperature = torch.where(sampling.is_greedy, torch.ones_like(sampling.temperature), sampling.temperature)
     logits = logits.float() / temperature[:, None]
     vocab_size = logits.shape[-1]
     use_top_k = (sampling.top_k > 0) & (sampling.top_k < vocab_size)

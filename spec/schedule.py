@@ -4,8 +4,14 @@
 (vLLM PR #32374): the first range starts at batch size 1; bounds are positive and ranges are non-overlapping
 (they are sorted on input); K >= 0, and K = 0 means no speculation at those batch sizes. A batch size in a gap
 between ranges carries the previous range's K forward; batch sizes past the last range carry the last K.
-The effective K is min(num_speculative_tokens, K). The ranges are parsed once into a dense table.
+The effective K is min(num_speculative_tokens, K). Under these rules the K of batch size b is that of the last
+range starting at or below b, so the ranges are parsed once into their starts and K: a range ending near 10**9
+costs no memory.
 """
+
+import bisect
+
+from spec.checks import is_int
 
 FIELD = "num_speculative_tokens_per_batch_size"
 
@@ -29,8 +35,8 @@ def validate_ranges(ranges) -> list[tuple[int, int, int]]:
 def _parse_entry(entry) -> tuple[int, int, int]:
     if not isinstance(entry, (list, tuple)) or len(entry) != 3:
         raise ValueError(f"{FIELD}: entry {entry!r} is not [range_start, range_end, K]; give three integers")
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in entry):
-        raise ValueError(f"{FIELD}: entry {list(entry)!r} must hold integers")
+    if not all(is_int(x) for x in entry):
+        raise ValueError(f"{FIELD}: entry {list(entry)!r} must hold integers (not bools or floats)")
     start, end, k = entry
     if start < 1 or end < 1:
         raise ValueError(f"{FIELD}: entry {list(entry)!r} has a non-positive bound; batch sizes start at 1")
@@ -42,18 +48,17 @@ def _parse_entry(entry) -> tuple[int, int, int]:
 
 
 class BatchSizeSchedule:
-    """Dense batch size -> K lookup built once from the ranges; `k_for_batch_size` is O(1)."""
+    """Batch size -> K built once from the ranges: `starts` (sorted) and the effective K from each start on;
+    `k_for_batch_size` is a binary search over them (O(log num_ranges))."""
 
     def __init__(self, ranges, num_speculative_tokens: int):
         self.ranges = validate_ranges(ranges)
-        max_k = num_speculative_tokens
-        table = [0]  # batch size 0 runs nothing
-        for i, (start, end, k) in enumerate(self.ranges):
-            table.extend([table[-1]] * (start - len(table)))  # a gap carries the previous K forward
-            table.extend([min(k, max_k)] * (end - start + 1))
-        self.table = table
+        self.starts = [start for start, _, _ in self.ranges]
+        self.ks = [min(k, num_speculative_tokens) for _, _, k in self.ranges]
 
     def k_for_batch_size(self, batch_size: int) -> int:
         if batch_size < 0:
             raise ValueError(f"batch_size={batch_size}: must be >= 0")
-        return self.table[min(batch_size, len(self.table) - 1)]  # the tail carries the last K
+        if batch_size == 0:
+            return 0  # batch size 0 runs nothing
+        return self.ks[bisect.bisect_right(self.starts, batch_size) - 1]  # gaps and the tail carry the last K

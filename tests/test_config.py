@@ -100,3 +100,51 @@ def test_vllm_only_options_are_refused_by_the_embedded_engine(key, value):
         config.check_embedded()
     SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}
                          ).check_embedded()  # the single-device value is fine
+
+
+# --- every field's type and range --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key, value", [
+    ("enable_adaptive_verification", "false"), ("enable_adaptive_verification", 1),
+    ("parallel_drafting", "true"), ("use_heterogeneous_vocab", 0),
+])
+def test_bool_fields_take_bools_only(key, value):
+    """"false" and 1 once turned adaptive verification on."""
+    with pytest.raises(ValueError, match=f"{key}={value!r}: must be true or false"):
+        SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, key: value})
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"method": "draft_model", "model": 5}, "model=5"),
+    ({"suffix_decoding_max_spec_factor": "1"}, "suffix_decoding_max_spec_factor='1'"),
+    ({"suffix_decoding_max_spec_factor": float("inf")}, "suffix_decoding_max_spec_factor=inf"),
+    ({"suffix_decoding_min_token_prob": None}, "suffix_decoding_min_token_prob=None"),
+    ({"suffix_decoding_max_cached_tokens": -1}, "suffix_decoding_max_cached_tokens=-1"),
+    ({"suffix_decoding_max_cached_tokens": 1.5}, "suffix_decoding_max_cached_tokens=1.5"),
+    ({"draft_tensor_parallel_size": 0}, "draft_tensor_parallel_size=0"),
+    ({"draft_tensor_parallel_size": "2"}, "draft_tensor_parallel_size='2'"),
+    ({"max_model_len": 0}, "max_model_len=0"),
+    ({"max_model_len": 512.0}, "max_model_len=512.0"),
+])
+def test_types_and_ranges_name_the_field(overrides, field):
+    with pytest.raises(ValueError) as info:
+        SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, **overrides})
+    assert field in str(info.value)
+
+
+def test_json_text_is_parsed_with_a_clear_error():
+    assert SpecConfig.parse_json('{"method": "ngram", "num_speculative_tokens": 4}')["method"] == "ngram"
+    with pytest.raises(ValueError, match="speculative_config='{method: ngram}' is not valid JSON"):
+        SpecConfig.parse_json("{method: ngram}")
+
+
+def test_the_suffix_token_bound_is_embedded_only():
+    from spec import build_proposer
+
+    config = SpecConfig.from_dict({"method": "suffix", "num_speculative_tokens": 3})
+    assert "suffix_decoding_max_cached_tokens" not in config.to_vllm()
+    assert "suffix_decoding_max_cached_requests" in config.to_vllm()
+    bounded = SpecConfig.from_dict({**config.to_vllm(), "suffix_decoding_max_cached_tokens": 500})
+    assert build_proposer(bounded, max_num_seqs=2, max_model_len=64).max_cached_tokens == 500
+    with pytest.raises(NotImplementedError, match="suffix_decoding_max_cached_tokens=500 is read by the embedded"):
+        bounded.to_vllm()

@@ -293,3 +293,15 @@ def test_each_forward_after_the_first_is_timed(model):
     proposal = proposer.propose(requests, [3, 1])
     assert [rows for rows, _ in proposal.forward_seconds] == [1, 1]  # drafts 2 and 3 of request 0 alone
     assert all(seconds > 0 for _, seconds in proposal.forward_seconds)
+
+
+def test_release_all_drops_every_request_and_the_next_propose_starts_afresh(model):
+    """What the engine calls after a drafter fault or a failed call: no slot or state is left, and the requests'
+    next drafts are those of a fresh proposer (each re-prefilled from its token_ids)."""
+    proposer = DraftModelProposer(model, max_num_seqs=2, max_model_len=64)
+    requests = [_request(0, _tokens(6, 50)), _request(1, _tokens(4, 51))]
+    proposer.propose(requests, [3, 3])
+    proposer.release_all()
+    assert proposer.num_requests == 0 and proposer.runner.num_free_slots == 2
+    fresh = DraftModelProposer(model, max_num_seqs=2, max_model_len=64)
+    assert proposer.propose(requests, [3, 2]).token_ids == fresh.propose(requests, [3, 2]).token_ids

@@ -104,3 +104,97 @@ def test_dataset_without_a_prompt_column():
     generator = RolloutGenerator("default", max_num_seqs=2)
     with pytest.raises(ValueError, match="needs a 'prompt' column"):
         generator.generate(Dataset.from_dict({"question": ["1+1"]}), use_tqdm=False)
+
+
+# --- every argument checked: type and range, the field, the value and the fix ------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"temperature": True}, "temperature=True"),
+    ({"top_p": "0.5"}, "top_p='0.5'"),
+    ({"top_k": True}, "top_k=True"),
+    ({"max_tokens": True}, "max_tokens=True"),
+    ({"stop_token_ids": 5}, "stop_token_ids=5: must be a list"),
+    ({"stop_token_ids": [True]}, r"stop_token_ids\[0\]=True"),
+    ({"stop_token_ids": [3, -1]}, r"stop_token_ids\[1\]=-1"),
+    ({"seed": "1"}, "seed='1'"),
+    ({"seed": 1.5}, "seed=1.5"),
+    ({"seed": True}, "seed=True"),
+    ({"seed": -1}, "seed=-1"),
+])
+def test_sampling_params_check_types(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_an_underflowing_temperature_is_greedy(generator):
+    """Below 1e-5 (vLLM's _SAMPLING_EPS) is greedy, with greedy logprobs (1e-30 once gave logprob 0 or NaN)."""
+    assert SamplingParams(temperature=1e-30).temperature == 0.0 and SamplingParams(temperature=1e-5).temperature
+    greedy, tiny = (generator.generate([[2, 3, 4]], 2, SamplingParams(temperature=t, max_tokens=6), use_tqdm=False)
+                    for t in (0.0, 1e-30))
+    for a, b in zip(greedy.samples, tiny.samples):
+        assert a.completion_ids == b.completion_ids and a.logprobs == b.logprobs
+    assert all(lp < 0 for lp in greedy.samples[0].logprobs)  # not the 0.0 of a one-hot distribution
+
+
+@pytest.mark.parametrize("prompts, message", [
+    ([[2, 48]], r"prompts\[0\]\[1\]=48: .*below the vocabulary size 48"),
+    ([[2, 3], [-1, 2]], r"prompts\[1\]\[0\]=-1"),
+    ([[True, 2]], r"prompts\[0\]\[0\]=True"),
+])
+def test_prompt_ids_outside_the_vocabulary(generator, prompts, message):
+    """Once an IndexError deep in the model (or, for bools, accepted silently)."""
+    with pytest.raises(ValueError, match=message):
+        generator.generate(prompts, use_tqdm=False)
+
+
+def test_stop_ids_outside_the_vocabulary(generator):
+    with pytest.raises(ValueError, match=r"stop_token_ids\[0\]=48"):
+        generator.generate([[2, 3]], sampling_params=SamplingParams(stop_token_ids=[48]), use_tqdm=False)
+
+
+@pytest.mark.parametrize("bad", [{"temperature": 0.5}, "greedy"])
+def test_sampling_params_must_be_sampling_params(generator, bad):
+    with pytest.raises(ValueError, match="expected a rollout.SamplingParams"):
+        generator.generate([[2, 3]], sampling_params=bad, use_tqdm=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_num_seqs": True}, "max_num_seqs=True"),
+    ({"max_num_seqs": "4"}, "max_num_seqs='4'"),
+    ({"max_model_len": 0}, "max_model_len=0"),
+    ({"max_model_len": 65}, "max_model_len=65 is beyond the model's max_position_embeddings=64"),
+    ({"seed": "0"}, "seed='0'"),
+    ({"seed": 1.5}, "seed=1.5"),
+    ({"seed": -1}, "seed=-1"),
+    ({"seed": 2 ** 32}, "seed=4294967296"),
+    ({"device": "gpu0"}, "device='gpu0'"),
+    ({"device": "cuda:99"}, "device='cuda:99'"),
+    ({"dtype": "int8"}, "dtype='int8'"),
+    ({"dtype": "fp99"}, "dtype='fp99'"),
+    ({"tokenizer": 5}, "tokenizer=5"),
+    ({"draft_model": 5}, "draft_model=5"),
+    ({"speculative_config": 5}, "speculative_config=5"),
+    ({"speculative_config": "{method: ngram}"}, "is not valid JSON"),
+    ({"speculative_config": '{"method": "ngram", "num_speculative_tokens": 2, "parallel_drafting": "false"}'},
+     "parallel_drafting='false'"),
+    ({"backend": "vllm", "device": "cpu"}, "device='cpu': backend='vllm' places the model itself"),
+    ({"backend": "vllm", "vllm_kwargs": ["enforce_eager"]}, "vllm_kwargs=.*must be a dict"),
+])
+def test_generator_arguments(target, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RolloutGenerator(target, **kwargs)
+
+
+def test_a_draft_model_without_a_draft_model_config_is_refused(target, draft):
+    """It was loaded for nothing: a draft model without speculation is not speculation."""
+    with pytest.raises(ValueError, match="draft_model=.* is given but the speculative method is None"):
+        RolloutGenerator(target, draft_model=draft)
+    with pytest.raises(ValueError, match="speculative method is 'ngram'"):
+        RolloutGenerator(target, draft_model=draft, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+
+
+def test_json_config_and_dtype_names_are_accepted(target):
+    generator = RolloutGenerator(target, speculative_config='{"method": "ngram", "num_speculative_tokens": 2}',
+                                 dtype="float32", device="cpu", max_num_seqs=2)
+    assert generator.config.method == "ngram" and generator.backend.dtype == torch.float32
+    assert len(generator.generate([[2, 3]], sampling_params=SamplingParams(max_tokens=3), use_tqdm=False).samples) == 1

@@ -214,3 +214,17 @@ def test_kv_cache_write_crop_copy_prefix():
         cache.copy_prefix(a, b, 2)
     with pytest.raises(ValueError, match="max_model_len=4"):
         cache.start_positions([a], [4])
+
+
+@pytest.mark.parametrize("runner_cls", [RaggedRunner, PaddedRunner])
+def test_release_all_frees_every_slot_whatever_its_state(runner_cls):
+    """The reset after a failed call: slots allocated, filled or not, all free again (lowest first), and a ragged
+    cache all zeros (spec/kv_cache.py, stale values), so a slot computes what a fresh one does."""
+    runner = runner_cls(_model(_llama), max_num_seqs=3, max_model_len=8)
+    a, b = runner.allocate(), runner.allocate()
+    runner.forward([a], [[1, 2, 3]], [1])
+    runner.release_all()
+    assert runner.num_free_slots == 3 and [runner.allocate() for _ in range(3)] == [a, b, 2]
+    if runner_cls is RaggedRunner:
+        assert not runner.cache.keys.any() and not runner.cache.values.any()
+    torch.testing.assert_close(runner.forward([a], [[1, 2, 3]], [1]), runner.forward([b], [[1, 2, 3]], [1]))

@@ -45,3 +45,11 @@ def test_per_row_settings_and_masked_logprobs():
     logp = processed_logprobs(logits, SamplingTensors.build([1.0, 1.0], top_k=[1, -1], top_p=[1.0, 1.0]))
     assert logp[0].tolist() == [0.0, -math.inf, -math.inf, -math.inf]
     assert logp[1].exp().tolist() == pytest.approx([0.4, 0.3, 0.2, 0.1])
+
+
+def test_a_temperature_below_the_greedy_threshold_is_greedy():
+    """1e-30 once divided the logits: inf, then NaN logprobs."""
+    tiny = SamplingTensors.build([1e-30, 0.0])
+    assert tiny.is_greedy.tolist() == [True, True]
+    logp = processed_logprobs(LOGITS.repeat(2, 1), tiny)
+    assert torch.isfinite(logp).all() and torch.equal(logp[0], logp[1])

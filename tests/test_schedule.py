@@ -1,3 +1,5 @@
+import tracemalloc
+
 import pytest
 
 from spec.schedule import BatchSizeSchedule, validate_ranges
@@ -10,6 +12,9 @@ from spec.schedule import BatchSizeSchedule, validate_ranges
     ([[1, 8]], "is not [range_start, range_end, K]"),
     ([[1, 8, 4, 2]], "is not [range_start, range_end, K]"),
     ([[1, 8, 2.5]], "must hold integers"),
+    ([[1, 8, True]], "must hold integers"),
+    ([[True, 8, 2]], "must hold integers"),
+    ([[1, "8", 2]], "must hold integers"),
     ([[0, 8, 4]], "non-positive bound"),
     ([[1, 8, 4], [-3, -1, 2]], "non-positive bound"),
     ([[1, 8, 4], [12, 9, 2]], "starts after it ends"),
@@ -44,9 +49,20 @@ def test_k_zero_turns_speculation_off_and_carries_forward():
     assert [schedule.k_for_batch_size(b) for b in (1, 2, 3, 9, 10, 21)] == [3, 0, 0, 0, 1, 1]
 
 
-def test_table_is_dense_up_to_the_last_range():
-    schedule = BatchSizeSchedule([[1, 3, 2], [6, 7, 1]], num_speculative_tokens=4)
-    assert schedule.table == [0, 2, 2, 2, 2, 2, 1, 1]
+def test_the_schedule_keeps_only_range_starts_and_k():
+    schedule = BatchSizeSchedule([[6, 7, 1], [1, 3, 2]], num_speculative_tokens=4)
+    assert (schedule.starts, schedule.ks) == ([1, 6], [2, 1])
+    assert [schedule.k_for_batch_size(b) for b in range(9)] == [0, 2, 2, 2, 2, 2, 1, 1, 1]
+
+
+def test_a_huge_range_costs_no_memory():
+    """A range ending at 10**7 once built a dense 10**7-entry table (80 MB; 10**9 took GBs)."""
+    tracemalloc.start()
+    schedule = BatchSizeSchedule([[1, 10, 4], [11, 10 ** 7, 2]], num_speculative_tokens=8)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 100_000
+    assert [schedule.k_for_batch_size(b) for b in (10, 11, 10 ** 7, 10 ** 9)] == [4, 2, 2, 2]
 
 
 def test_negative_batch_size_is_rejected():

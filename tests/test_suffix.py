@@ -1,3 +1,4 @@
+import itertools
 import random
 
 import pytest
@@ -239,3 +240,51 @@ def test_random_rollout_proposals_validate():
             suffix.finish(requests.pop(0))
     assert num_drafts > 0
     assert suffix.num_cached_requests == 3 and suffix.num_groups == 3
+
+
+# --- the global cache's token bound ---
+
+def test_token_bound_evicts_oldest_first():
+    proposer = SuffixProposer(max_cached_tokens=5)
+    for req_id, output in enumerate(([10, 11], [20, 21], [30, 31])):
+        proposer.finish(_request(req_id, req_id, [0], output))
+    assert proposer.num_cached_requests == 2 and proposer.num_cached_tokens == 4  # 6 tokens > 5: the first went
+    assert _propose_one(proposer, _request(9, 99, [0], [10]), 2)[0] == []
+    assert _propose_one(proposer, _request(10, 100, [0], [20]), 2)[0] == [21]
+    assert _propose_one(proposer, _request(11, 101, [0], [30]), 2)[0] == [31]
+    proposer.finish(_request(12, 102, [0], [40, 41, 42, 43]))  # 8 tokens: both older outputs go
+    assert proposer.num_cached_requests == 1 and proposer.num_cached_tokens == 4
+
+
+def test_an_output_longer_than_the_token_bound_is_not_cached():
+    proposer = SuffixProposer(max_cached_tokens=3)
+    proposer.finish(_request(0, 0, [0], [10, 11]))
+    proposer.finish(_request(1, 1, [0], [20, 21, 22, 23]))
+    assert proposer.num_cached_requests == 1 and proposer.num_cached_tokens == 2
+
+
+def test_both_bounds_apply():
+    proposer = SuffixProposer(max_cached_requests=2, max_cached_tokens=100)
+    for req_id in range(4):
+        proposer.finish(_request(req_id, req_id, [0], [req_id, req_id + 1]))
+    assert proposer.num_cached_requests == 2 and proposer.num_cached_tokens == 4
+
+
+def test_cache_stays_within_its_token_bound_over_repeated_calls():
+    """Long completions call after call: the cache and its trie stop growing at the token bound (before the bound,
+    the request bound alone let them grow by every call's tokens)."""
+    rng = random.Random(3)
+    max_tokens, depth = 3000, 8
+    proposer = SuffixProposer(max_tree_depth=depth, max_cached_tokens=max_tokens)
+    trie_sizes, req_ids = [], itertools.count()
+    for _ in range(20):  # calls
+        for group_id in range(8):
+            prompt = [rng.randrange(50) for _ in range(8)]
+            for _ in range(2):
+                request = _request(next(req_ids), group_id, prompt, [rng.randrange(50) for _ in range(300)])
+                proposer.propose([request], [3])
+                proposer.finish(request)
+                assert proposer.num_cached_tokens <= max_tokens
+        trie_sizes.append(proposer.num_cached_nodes)
+    assert max(trie_sizes) <= 1 + max_tokens * depth
+    assert max(trie_sizes[5:]) <= 1.1 * trie_sizes[4]  # flat once the bound is reached (call 2 on)

@@ -1,6 +1,8 @@
 """Drafter refresh (trainers/drafter_refresh.py): distilling the draft on fresh rollouts brings it toward the target
 and raises acceptance; the callback runs it every N steps and logs its KL."""
 
+import math
+
 import pytest
 
 from rollout import RolloutGenerator, SamplingParams
@@ -42,3 +44,13 @@ def test_refresh_needs_a_draft_model():
         DrafterRefresh(generator, every_n_steps=1)
     with pytest.raises(ValueError, match="every_n_steps=0"):
         DrafterRefresh(tiny_generator(), every_n_steps=0)
+
+
+def test_a_temperature_that_samples_greedily_distils_at_temperature_one():
+    """Below GREEDY_TEMPERATURE sampling is greedy (rollout/sampling_params.py); dividing logits by such a temperature
+    would overflow the KL to NaN, so the refresh distils at T = 1."""
+    generator = tiny_generator()
+    batch = generator.generate(PROMPTS[:2], 2, PARAMS, use_tqdm=False)
+    refresh = DrafterRefresh(generator, every_n_steps=1)
+    refresh.add(batch, temperature=1e-30)
+    assert refresh.temperature == 1.0 and math.isfinite(refresh.refresh(tiny_policy(1)))

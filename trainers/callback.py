@@ -34,7 +34,6 @@ class SpecRolloutCallback(TrainerCallback):
         self.weight_sync = WeightSync(generator)
         self.drafter_refresh = None if drafter_refresh_steps is None else DrafterRefresh(
             generator, every_n_steps=drafter_refresh_steps, learning_rate=drafter_learning_rate)
-        self.num_positions = generator.config.num_speculative_tokens if generator.config is not None else 0
         self.last_metrics: dict[str, float] = {}
         self._is_attached = False  # the trainer calls our TrainerCallback hooks
         self._pending: dict[str, float] = {}  # logged with the next rollout's metrics
@@ -54,7 +53,9 @@ class SpecRolloutCallback(TrainerCallback):
         self.weight_sync.maybe_sync(trainer)
 
     def after_rollout(self, trainer, batch: RolloutBatch) -> None:
-        self.last_metrics = log_rollout_metrics(trainer, batch, self.num_positions, extra=self._pending)
+        config = self.generator.config  # read per rollout: `rollout tune` and benchmarks change it between calls
+        num_positions = 0 if config is None else config.num_speculative_tokens
+        self.last_metrics = log_rollout_metrics(trainer, batch, num_positions, extra=self._pending)
         self._pending = {}
         if self.drafter_refresh is not None and trainer.model.training:
             self.drafter_refresh.add(batch, trainer.args.temperature)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from rollout import RolloutBatch, RolloutGenerator
+from spec.sampling import GREEDY_TEMPERATURE
 
 
 class DrafterRefresh:
@@ -39,7 +40,7 @@ class DrafterRefresh:
 
     def add(self, batch: RolloutBatch, temperature: float) -> None:
         self.sequences.extend((s.prompt_ids + s.completion_ids, len(s.prompt_ids)) for s in batch.samples)
-        self.temperature = temperature if temperature > 0 else 1.0
+        self.temperature = temperature if temperature >= GREEDY_TEMPERATURE else 1.0  # greedy: distil at T = 1
 
     def is_due(self, global_step: int) -> bool:
         return global_step % self.every_n_steps == 0 and len(self.sequences) > 0

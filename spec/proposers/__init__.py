@@ -1,7 +1,7 @@
 """Drafters behind one protocol (base.py), and the factory that builds one from a SpecConfig."""
 
 from spec.config import SpecConfig
-from spec.proposers.base import DraftRequest, Proposal, Proposer
+from spec.proposers.base import DrafterConfigError, DraftRequest, Proposal, Proposer
 
 
 def build_proposer(config: SpecConfig, *, draft_model=None, max_num_seqs: int, max_model_len: int,
@@ -17,7 +17,8 @@ def build_proposer(config: SpecConfig, *, draft_model=None, max_num_seqs: int, m
     if config.method == "suffix":
         from spec.proposers.suffix import SuffixProposer
         return SuffixProposer(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests,
-                              config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob)
+                              config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob,
+                              config.suffix_decoding_max_cached_tokens)
     if config.method == "custom_class":
         from spec.proposers.custom import CustomProposer
         return CustomProposer(config)
@@ -28,4 +29,4 @@ def build_proposer(config: SpecConfig, *, draft_model=None, max_num_seqs: int, m
                               draft_sample_method=config.draft_sample_method, device=device, dtype=dtype)
 
 
-__all__ = ["DraftRequest", "Proposal", "Proposer", "build_proposer"]
+__all__ = ["DrafterConfigError", "DraftRequest", "Proposal", "Proposer", "build_proposer"]

@@ -13,6 +13,11 @@ from typing import Protocol, Sequence
 import torch
 
 
+class DrafterConfigError(ValueError):
+    """A drafter that cannot work with this target or config (e.g. it proposes token ids outside the target's
+    vocabulary): a bug to fix, so the engine fails the call instead of rolling out without the drafts."""
+
+
 @dataclass
 class DraftRequest:
     """One running request as a proposer sees it."""
@@ -67,8 +72,9 @@ class Proposal:
                         None if self.draft_probs is None else _cut(self.draft_probs, lengths), self.revealed,
                         self.forward_seconds)
 
-    def validate(self, max_num_tokens: Sequence[int], source: str) -> None:
-        """ValueError naming `source` when the proposal breaks the protocol."""
+    def validate(self, max_num_tokens: Sequence[int], source: str, vocab_size: int | None = None) -> None:
+        """ValueError naming `source` when the proposal breaks the protocol; DrafterConfigError when a draft is not a
+        token id of a vocabulary of `vocab_size` (when given)."""
         if len(self.token_ids) != len(max_num_tokens) or len(self.confidence) != len(max_num_tokens):
             raise ValueError(f"{source}: proposal has {len(self.token_ids)} token lists and {len(self.confidence)} "
                              f"confidence lists for {len(max_num_tokens)} requests; return one of each per request")
@@ -80,17 +86,46 @@ class Proposal:
             if bad:
                 raise ValueError(f"{source}: confidence {bad[0]!r} of request {i} is outside [0, 1]; "
                                  "return acceptance-probability estimates in [0, 1]")
-        if self.draft_probs is not None and any(
-                p.shape[0] != len(t) for p, t in zip(self.draft_probs, self.token_ids)):
-            raise ValueError(f"{source}: draft_probs must have one row per draft token of each request")
+        if vocab_size is not None:
+            self._check_vocab(vocab_size, source)
+        if self.draft_probs is not None:
+            self._check_draft_probs(vocab_size, source)
         if self.revealed is not None and len(self.revealed) != len(max_num_tokens):
             raise ValueError(f"{source}: proposal has {len(self.revealed)} revealed dicts for {len(max_num_tokens)} "
                              "requests; return one per request, or revealed=None")
 
+    def _check_vocab(self, vocab_size: int, source: str) -> None:
+        rows = [tokens for tokens in self.token_ids if tokens]
+        if rows and not 0 <= min(map(min, rows)) <= max(map(max, rows)) < vocab_size:
+            bad = next(t for tokens in rows for t in tokens if not 0 <= t < vocab_size)
+            raise DrafterConfigError(
+                f"{source}: draft token id {bad} is outside the target's vocabulary [0, {vocab_size}); that is a bug "
+                "in the drafter or its configuration (another tokenizer or model than the target's?), not a "
+                "transient fault, so the call fails; propose token ids of the target's vocabulary")
+
+    def _check_draft_probs(self, vocab_size: int | None, source: str) -> None:
+        """One finite [num_drafts, vocab] tensor per request."""
+        if len(self.draft_probs) != len(self.token_ids):
+            raise ValueError(f"{source}: proposal has {len(self.draft_probs)} draft_probs tensors for "
+                             f"{len(self.token_ids)} requests; return one per request, or draft_probs=None")
+        for i, (probs, tokens) in enumerate(zip(self.draft_probs, self.token_ids)):
+            if probs.dim() != 2 or probs.shape[0] != len(tokens) or probs.shape[1] != (vocab_size or probs.shape[1]):
+                raise ValueError(f"{source}: draft_probs[{i}] has shape {tuple(probs.shape)}; return one "
+                                 f"[num_drafts={len(tokens)}, vocab={vocab_size or 'V'}] tensor per request")
+        probs = [p for p in self.draft_probs if p.numel()]
+        # each row's L1 norm, in one fused pass and no copy (a NaN or inf makes it non-finite)
+        if probs and not bool(torch.isfinite(torch.stack(torch._foreach_norm(probs, 1))).all()):
+            raise ValueError(f"{source}: draft_probs hold non-finite values (NaN or inf); return probabilities")
+
 
 class Proposer(Protocol):
     """What the engine calls. `max_num_tokens[i]` caps the drafts of requests[i] this step (0 allowed); `reveal`
-    asks for Proposal.revealed, which a drafter that cannot reveal ignores."""
+    asks for Proposal.revealed, which a drafter that cannot reveal ignores.
+
+    Faults. A propose that raises an Exception or returns a proposal that breaks the protocol costs the step its
+    drafts, not the call (rollout/engine.py); a drafter whose state a failed step may have left half-done offers
+    `release_all()`, which the engine calls then (and after a failed call) to drop every request's state: the next
+    propose starts them afresh. Drafters without it are told `finish` for each request of a failed call."""
 
     def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int],
                 reveal: bool = False) -> Proposal:

@@ -1,8 +1,10 @@
 """`method: "custom_class"`: a user drafter named by its import path in `model` ("pkg.module.Class").
 
 As in vLLM, the class is built from the config: `Class(spec_config)`; it implements the Proposer protocol
-(spec/proposers/base.py). Its proposals are checked against the protocol every step, so a broken drafter
-fails with a message naming it instead of corrupting verification.
+(spec/proposers/base.py). Its proposals are checked against the protocol every step, so a broken proposal is a
+ValueError naming the drafter instead of corrupted verification: the engine drops that step's drafts and warns. A
+drafter that cannot work with the config (no confidences or draft_probs under adaptive verification) is a
+DrafterConfigError, which fails the call.
 
 Confidence. A drafter that has no acceptance estimate may return `confidence=None`. Adaptive verification
 ranks drafts by confidence, so it then needs a fallback named by the class attribute
@@ -14,7 +16,7 @@ fallback is refused at construction when adaptive verification is on.
 import importlib
 from typing import Sequence
 
-from spec.proposers.base import DraftRequest, Proposal
+from spec.proposers.base import DrafterConfigError, DraftRequest, Proposal
 
 CONFIDENCE_FALLBACKS = ("acceptance_rate",)
 
@@ -59,13 +61,13 @@ class CustomProposer:
                              "return a spec.Proposal")
         if proposal.confidence is None:
             if self.is_adaptive and not self.confidence_fallback:
-                raise ValueError(self._no_confidence_message())
+                raise DrafterConfigError(self._no_confidence_message())
             proposal.confidence = [[1.0] * len(t) for t in proposal.token_ids]
         proposal.validate(max_num_tokens, source=f"custom drafter {self.name!r}")
         if self.is_adaptive and proposal.draft_probs is not None:
-            raise ValueError(f"custom drafter {self.name!r} returned draft_probs with enable_adaptive_verification="
-                             "True; adaptive verification stays lossless only for point proposals: return "
-                             "draft_probs=None, or turn adaptive verification off")
+            raise DrafterConfigError(f"custom drafter {self.name!r} returned draft_probs with "
+                                     "enable_adaptive_verification=True; adaptive verification stays lossless only "
+                                     "for point proposals: return draft_probs=None, or turn adaptive verification off")
         return proposal
 
     def _no_confidence_message(self) -> str:

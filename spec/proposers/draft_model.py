@@ -108,10 +108,21 @@ class DraftModelProposer:
         room = self.max_model_len - len(request.token_ids) + 1
         return max(0, k) if room < 1 else max(0, min(k, room))
 
+    @property
+    def num_requests(self) -> int:
+        """Requests holding a cache slot."""
+        return len(self._states)
+
     def finish(self, request: DraftRequest) -> None:
         state = self._states.pop(request.req_id, None)
         if state is not None:
             self.runner.free(state.slot)
+
+    def release_all(self) -> None:
+        """Drop every request's state and free every slot, whatever a failed step left half-done (base.py);
+        the next propose starts each request afresh (a prefill of its tokens)."""
+        self._states.clear()
+        self.runner.release_all()
 
     def _draft(self, requests: list[DraftRequest], ks: list[int], revealing: bool) -> "_Drafts":
         """Up to ks[i] > 0 drafts for each request: one forward over the uncached tokens (revealing what it can, where
@@ -218,9 +229,11 @@ class DraftModelProposer:
         state.num_committed = len(token_ids)
 
     def _admit(self, request: DraftRequest, new: list[DraftRequest]) -> None:
-        """A slot for a new request, starting from a sibling's cached prefix where one exists."""
-        state = _DraftState(slot=self.runner.allocate(), group_id=request.group_id, cached=[])
+        """A slot for a new request, starting from a sibling's cached prefix where one exists. The state is recorded
+        with its slot, before anything can fail: `cached` only grows after the forward or copy that fills it, and
+        the next sync crops the slot to `cached` (so a failed prefill leaves the slot recorded and consistent)."""
         donor, length = self._best_donor(request)
+        state = self._states[request.req_id] = _DraftState(self.runner.allocate(), request.group_id, cached=[])
         if donor is not None:
             self.runner.copy_prefix(donor.slot, state.slot, length)
             state.cached = request.token_ids[:length]
@@ -231,7 +244,6 @@ class DraftModelProposer:
                 self.runner.forward([state.slot], [prompt], [0])
                 state.cached = list(prompt)
         state.num_committed = len(request.token_ids)
-        self._states[request.req_id] = state
 
     def _best_donor(self, request: DraftRequest) -> tuple[_DraftState | None, int]:
         """The sibling state sharing the longest cached prefix with the request (at most len - 1 tokens)."""

@@ -5,7 +5,9 @@ Two sources of drafts, both count-annotated suffix tries (spec/proposers/suffix_
   committed output), brought up to date at every propose(). A request matches its own prompt and output and the
   outputs of its sibling completions, including siblings that already finished. Freed when the group's last
   member finishes.
-- a global trie of the outputs of the last max_cached_requests finished requests, evicted first in, first out.
+- a global trie of the outputs of the last finished requests, at most max_cached_requests of them holding at most
+  max_cached_tokens tokens (both bounds apply: requests alone do not bound memory), evicted oldest first. An
+  output longer than max_cached_tokens is not cached.
 
 Per request, with k = max_num_tokens[i]: each trie speculates from the longest suffix of token_ids it holds
 (match_length), capped at min(k, ceil(max_spec_factor * match_length)) drafts; confidence[j] is the conditional
@@ -19,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from spec.checks import check_int, check_number
 from spec.proposers.base import DraftRequest, Proposal
 from spec.proposers.suffix_tree import SuffixTree
 
@@ -33,10 +36,11 @@ class SuffixProposer:
     """Model-free drafter; point proposals (draft_probs=None). Arguments are vLLM's `suffix_decoding_*` keys."""
 
     def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
-                 min_token_prob: float = 0.1):
-        _check_config(max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob)
+                 min_token_prob: float = 0.1, max_cached_tokens: int = 100_000):
+        _check_config(max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob, max_cached_tokens)
         self.max_tree_depth = max_tree_depth
         self.max_cached_requests = max_cached_requests
+        self.max_cached_tokens = max_cached_tokens
         self.max_spec_factor = max_spec_factor
         self.min_token_prob = min_token_prob
         self._groups: dict[int, _Group] = {}
@@ -51,6 +55,15 @@ class SuffixProposer:
     @property
     def num_cached_requests(self) -> int:
         return len(self._cached_seq_ids)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self._global_trie.num_tokens
+
+    @property
+    def num_cached_nodes(self) -> int:
+        """The global trie's size: at most 1 + num_cached_tokens x max_tree_depth nodes."""
+        return self._global_trie.num_nodes
 
     def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int],
                 reveal: bool = False) -> Proposal:
@@ -111,24 +124,25 @@ class SuffixProposer:
         return drafts[:num_allowed], probs[:num_allowed]
 
     def _cache_output(self, output_token_ids: list[int]) -> None:
-        if self.max_cached_requests == 0:
+        """Cache a finished output, first evicting the oldest ones until both bounds hold with it."""
+        num_tokens = len(output_token_ids)
+        if self.max_cached_requests == 0 or num_tokens > self.max_cached_tokens:
             return
+        while self._cached_seq_ids and (len(self._cached_seq_ids) >= self.max_cached_requests
+                                        or self.num_cached_tokens + num_tokens > self.max_cached_tokens):
+            self._global_trie.remove(self._cached_seq_ids.popleft())
         seq_id = next(self._next_seq_ids)
         self._global_trie.add(seq_id, output_token_ids)
         self._cached_seq_ids.append(seq_id)
-        if len(self._cached_seq_ids) > self.max_cached_requests:
-            self._global_trie.remove(self._cached_seq_ids.popleft())
 
 
-def _check_config(max_tree_depth: int, max_cached_requests: int, max_spec_factor: float,
-                  min_token_prob: float) -> None:
-    if max_tree_depth < 2:
-        raise ValueError(f"suffix_decoding_max_tree_depth={max_tree_depth} must be >= 2 (vLLM's default is 24)")
-    if max_cached_requests < 0:
-        raise ValueError(f"suffix_decoding_max_cached_requests={max_cached_requests} must be >= 0 "
-                         "(0 disables the global cache of finished outputs)")
-    if max_spec_factor < 0:
-        raise ValueError(f"suffix_decoding_max_spec_factor={max_spec_factor} must be >= 0 (vLLM's default is 1.0)")
-    if not 0.0 <= min_token_prob <= 1.0:
-        raise ValueError(f"suffix_decoding_min_token_prob={min_token_prob} must be in [0, 1] "
-                         "(vLLM's default is 0.1)")
+def _check_config(max_tree_depth: int, max_cached_requests: int, max_spec_factor: float, min_token_prob: float,
+                  max_cached_tokens: int) -> None:
+    check_int("suffix_decoding_max_tree_depth", max_tree_depth, 2, hint=" (vLLM's default is 24)")
+    for name, value in (("suffix_decoding_max_cached_requests", max_cached_requests),
+                        ("suffix_decoding_max_cached_tokens", max_cached_tokens)):
+        check_int(name, value, 0, hint=" (0 disables the global cache of finished outputs)")
+    check_number("suffix_decoding_max_spec_factor", max_spec_factor, ">= 0 (vLLM's default is 1.0)",
+                 lambda factor: factor >= 0)
+    check_number("suffix_decoding_min_token_prob", min_token_prob, "in [0, 1] (vLLM's default is 0.1)",
+                 lambda prob: 0 <= prob <= 1)

@@ -41,6 +41,11 @@ class SuffixTree:
         return len(self._seqs)
 
     @property
+    def num_tokens(self) -> int:
+        """Tokens inserted, over every sequence (the root's count)."""
+        return self._counts[ROOT]
+
+    @property
     def num_nodes(self) -> int:
         return len(self._counts) - len(self._free_ids)
 

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The GPU checks, in one run on a CUDA machine: the CUDA tests, then the GRPO-step benchmark's embedded arms in
+# bfloat16 against TRL's own generation (HF generate), with every embedded arm's greedy completions checked token for
+# token against HF generate's. Results (JSON, plot, logs) go to $OUT (default: examples/results/cuda).
+#
+#   examples/device_check.sh [WHEELS_DIR]     # WHEELS_DIR: wheels to install first (trl, datasets, ... where missing)
+#
+# Quick settings for a smoke run: SHAPES=2x2 REPEATS=1 MAX_TOKENS=32 examples/device_check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-examples/results/cuda}
+mkdir -p "$OUT"
+PYTHON=${PYTHON:-python3}
+export PYTHONPATH=$PWD TRL_EXPERIMENTAL_SILENCE=1 HF_HUB_OFFLINE=1
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  $PYTHON -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, torch.version.cuda, transformers.__version__)"
+} > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+
+if [ -n "${1:-}" ]; then  # wheels that the machine lacks, installed without touching what it has
+  $PYTHON -m pip install -q --no-deps --no-index "$1"/*.whl 2>&1 | tail -3
+fi
+
+$PYTHON -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -15 | tee "$OUT/test_cuda.txt"
+
+$PYTHON examples/bench_rollout.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --threads 4 \
+    --shapes "${SHAPES:-8x8,32x8,64x8}" --repeats "${REPEATS:-3}" --max-completion-length "${MAX_TOKENS:-320}" \
+    --arms "${ARMS:-trl_generate,no_spec,k1,k2,k4,k8,schedule,adaptive,schedule_adaptive}" \
+    --greedy-check "${GREEDY:-32}" --output-dir "$OUT" 2>&1 | tail -40 | tee "$OUT/bench_rollout.txt"
