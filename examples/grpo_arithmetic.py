@@ -50,13 +50,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--max-steps", type=int, default=30)
-    p.add_argument("--num-problems", type=int, default=64, help="the training set, cycled through")
+    p.add_argument("--num-problems", type=int, default=None,
+                   help="the training set, cycled through (default: max-steps x prompts-per-step, a fresh problem "
+                        "for every prompt of the run)")
     p.add_argument("--prompts-per-step", type=int, default=16, help="over all processes")
     p.add_argument("--num-generations", type=int, default=8)
     p.add_argument("--learning-rate", type=float, default=5e-5)
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-completion-length", type=int, default=48)
+    p.add_argument("--max-completion-length", type=int, default=320, help="the task's longest completions fit")
     p.add_argument("--drafter-refresh-steps", type=int, default=0, help="distil the draft every N steps; 0: off")
     p.add_argument("--backend", choices=("embedded", "vllm", "server"), default="embedded",
                    help="the rollout engine: this package's, vllm.LLM in each process, or a running vLLM server")
@@ -65,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="--backend server: where weight syncs write checkpoints the server reads (default: a temp "
                         "folder on this machine)")
     p.add_argument("--eval-samples", type=int, default=8, help="samples per training problem in the evaluation")
+    p.add_argument("--num-eval-problems", type=int, default=64,
+                   help="training problems evaluated (the first ones the run trains on)")
     p.add_argument("--num-held-out", type=int, default=256, help="unseen problems evaluated (4 samples); 0: none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="/tmp/grpo_arithmetic")
@@ -131,6 +135,8 @@ def evaluate(generator: RolloutGenerator, problems: list[str], held_out: list[st
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.num_problems is None:
+        args.num_problems = args.max_steps * args.prompts_per_step
     # The config sets up the process group (before anything else may set it up as one process); under accelerate
     # launch or torchrun WORLD_SIZE says how many processes share each step.
     config = grpo_config(args, num_processes=int(os.environ.get("WORLD_SIZE", 1)))
@@ -145,10 +151,11 @@ def main(argv=None) -> dict:
                           rollout_func=generator, callbacks=[callback, PrintProgress(args.max_steps)])
     trainer.remove_callback(PrinterCallback)  # PrintProgress prints the lines that matter instead of every log
     held_out = default_prompts(args.num_held_out, seed=HELD_OUT_SEED)
-    before = evaluate(generator, problems, held_out, args)
+    evaluated = problems[:args.num_eval_problems]
+    before = evaluate(generator, evaluated, held_out, args)
     trainer.train()
     callback.weight_sync.sync(trainer)  # the last step's weights (the callback syncs before each rollout)
-    after = evaluate(generator, problems, held_out, args)
+    after = evaluate(generator, evaluated, held_out, args)
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     if trainer.accelerator.is_main_process:
         print(summary(history, before, after))

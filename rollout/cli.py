@@ -11,10 +11,11 @@ import sys
 
 from rollout.default_models import default_model_paths
 
-# K by live batch size for the default pair: the table `python -m rollout tune --max-k 8` printed on the 2-core
-# CPU this project is developed on (2 torch threads, every K timed on real rollouts at batch sizes 1..256; the
-# steady-state model alone predicted K = 6-8 throughout and measured slower). Re-run tune on other hardware.
-DEFAULT_SCHEDULE = [[1, 22, 8], [23, 90, 4], [91, 256, 2]]
+# K by live batch size for the default pair: the table `python -m rollout tune --max-num-seqs 512` measured on the
+# 2-core CPU this project is developed on (2 torch threads, every K timed on rollouts at batch sizes 1..512), made
+# non-increasing in the batch size; from 91 running requests up no K beat no speculation by 2%. Re-run tune on other
+# hardware (a GPU's crossover lies about ten times higher).
+DEFAULT_SCHEDULE = [[1, 1, 8], [2, 4, 4], [5, 22, 2], [23, 90, 1], [91, 512, 0]]
 DEFAULT_NUM_PROMPTS = 32  # tune's acceptance rollout
 GENERATE_DEFAULTS = {"num_generations": 8, "max_tokens": 320, "max_num_seqs": 128,  # one GRPO generation batch of
                      "max_num_seqs_help": "running requests at most"}  # the default task, long tail included, at once

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from transformers import AutoConfig
 
 from rollout import default_model_paths
 from rollout.vllm_backend.serve import build_command, plain_command
@@ -23,8 +24,12 @@ def test_the_settings_the_client_needs_are_added_on_cpu():
     assert flags["--logprobs-mode"] == "processed_logprobs" and flags["--per-request-spec-decode-metrics"] == \
         "detailed"
     assert flags["--worker-extension-cls"] == "rollout.vllm_backend.worker.WorkerExtension"
-    assert (flags["--generation-config"], flags["--dtype"], flags["--max-model-len"]) == ("vllm", "float32", "256")
-    assert "--enforce-eager" in flags and int(flags["--kv-cache-memory-bytes"]) == 2 * 8 * 4 * 64 * 4 * 8 * (256 + 64)
+    config = AutoConfig.from_pretrained(target)
+    max_model_len = min(config.max_position_embeddings, 2048)  # the model's, capped
+    assert (flags["--generation-config"], flags["--dtype"], flags["--max-model-len"]) == ("vllm", "float32",
+                                                                                         str(max_model_len))
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # K and V, float32
+    assert "--enforce-eager" in flags and int(flags["--kv-cache-memory-bytes"]) == per_token * 8 * (max_model_len + 64)
     assert flags["--port"] == "9" and env == {"VLLM_SERVER_DEV_MODE": "1"}
     gpu_args, _ = build_command(["--model", target], is_cpu=False)
     assert "--enforce-eager" not in gpu_args and "--kv-cache-memory-bytes" not in gpu_args
