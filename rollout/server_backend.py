@@ -67,7 +67,9 @@ class ServerBackend:
     weights_dir: where weight loads write their checkpoint; the server must read the same path (default: a new
         folder under this machine's temp dir, right when the server runs here).
     request_timeout_s: the longest wait for one answer; reconnect_s: how long a request retries a connection that
-        cannot be made (server down or restarting); max_concurrency: requests in flight at most.
+        cannot be made (server down or restarting); max_concurrency: requests in flight at most. A seeded call
+        repeats its draws only where its requests batch the same way on the server (a per-batch-size schedule's K
+        decides how many random draws verification takes): max_concurrency=1 makes that so, at a cost in speed.
     """
 
     is_shared = True  # several trainer processes may share the server: one of them writes weights
