@@ -7,6 +7,9 @@ as its rollout function and SpecRolloutCallback (weight sync, acceptance metrics
     ACCELERATE_USE_CPU=1 accelerate launch --config_file examples/accelerate_cpu.yaml \\
         examples/grpo_arithmetic.py                                                # the same, from a config file
     accelerate launch --num_processes 2 examples/grpo_arithmetic.py               # two GPUs
+    python examples/grpo_arithmetic.py --backend vllm                             # vllm.LLM in each process
+    python -m rollout serve --model default --port 8000 &                          # the default pair, then
+    python examples/grpo_arithmetic.py --backend server --base-url http://127.0.0.1:8000   # every process: one server
 
 The policy starts from the shipped target (right on about 40% of problems at temperature 1); the reward is 1 for
 the right answer, else 0. The policy trains on a fixed set of --num-problems problems, --prompts-per-step of them
@@ -47,15 +50,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--max-steps", type=int, default=30)
-    p.add_argument("--num-problems", type=int, default=64, help="the training set, cycled through")
+    p.add_argument("--num-problems", type=int, default=None,
+                   help="the training set, cycled through (default: max-steps x prompts-per-step, a fresh problem "
+                        "for every prompt of the run)")
     p.add_argument("--prompts-per-step", type=int, default=16, help="over all processes")
     p.add_argument("--num-generations", type=int, default=8)
     p.add_argument("--learning-rate", type=float, default=5e-5)
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-completion-length", type=int, default=48)
+    p.add_argument("--max-completion-length", type=int, default=320, help="the task's longest completions fit")
     p.add_argument("--drafter-refresh-steps", type=int, default=0, help="distil the draft every N steps; 0: off")
+    p.add_argument("--backend", choices=("embedded", "vllm", "server"), default="embedded",
+                   help="the rollout engine: this package's, vllm.LLM in each process, or a running vLLM server")
+    p.add_argument("--base-url", default=None, help="the server's URL (--backend server)")
+    p.add_argument("--weights-dir", default=None,
+                   help="--backend server: where weight syncs write checkpoints the server reads (default: a temp "
+                        "folder on this machine)")
     p.add_argument("--eval-samples", type=int, default=8, help="samples per training problem in the evaluation")
+    p.add_argument("--num-eval-problems", type=int, default=64,
+                   help="training problems evaluated (the first ones the run trains on)")
     p.add_argument("--num-held-out", type=int, default=256, help="unseen problems evaluated (4 samples); 0: none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="/tmp/grpo_arithmetic")
@@ -96,6 +109,16 @@ def grpo_config(args, num_processes: int) -> GRPOConfig:
                       report_to=[], save_strategy="no", disable_tqdm=True, seed=args.seed)
 
 
+def build_generator(args, config: GRPOConfig) -> RolloutGenerator:
+    """The default pair with the default schedule on --backend; a server runs the config it was started with."""
+    if args.backend == "server":
+        return RolloutGenerator(backend="server", base_url=args.base_url, seed=args.seed,
+                                server_kwargs={"weights_dir": args.weights_dir})
+    device = config.device if args.backend == "embedded" else None
+    return RolloutGenerator("default", speculative_config=default_speculative_config(), device=device,
+                            backend=args.backend, seed=args.seed, max_num_seqs=128 if args.backend == "vllm" else 64)
+
+
 def mean_reward(generator: RolloutGenerator, prompts: list[str], num_samples: int, args) -> float:
     """The reward's mean over num_samples samples of each prompt at the training temperature."""
     if not prompts:
@@ -112,13 +135,14 @@ def evaluate(generator: RolloutGenerator, problems: list[str], held_out: list[st
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.num_problems is None:
+        args.num_problems = args.max_steps * args.prompts_per_step
     # The config sets up the process group (before anything else may set it up as one process); under accelerate
     # launch or torchrun WORLD_SIZE says how many processes share each step.
     config = grpo_config(args, num_processes=int(os.environ.get("WORLD_SIZE", 1)))
     paths = default_model_paths()
     policy = AutoModelForCausalLM.from_pretrained(paths["target"], dtype=torch.float32)
-    generator = RolloutGenerator("default", speculative_config=default_speculative_config(), device=config.device,
-                                 seed=args.seed)
+    generator = build_generator(args, config)
     callback = SpecRolloutCallback(generator, drafter_refresh_steps=args.drafter_refresh_steps or None)
     problems = default_prompts(args.num_problems, seed=args.seed)
     trainer = GRPOTrainer(model=policy, reward_funcs=reward_correct, args=config,
@@ -127,10 +151,11 @@ def main(argv=None) -> dict:
                           rollout_func=generator, callbacks=[callback, PrintProgress(args.max_steps)])
     trainer.remove_callback(PrinterCallback)  # PrintProgress prints the lines that matter instead of every log
     held_out = default_prompts(args.num_held_out, seed=HELD_OUT_SEED)
-    before = evaluate(generator, problems, held_out, args)
+    evaluated = problems[:args.num_eval_problems]
+    before = evaluate(generator, evaluated, held_out, args)
     trainer.train()
     callback.weight_sync.sync(trainer)  # the last step's weights (the callback syncs before each rollout)
-    after = evaluate(generator, problems, held_out, args)
+    after = evaluate(generator, evaluated, held_out, args)
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     if trainer.accelerator.is_main_process:
         print(summary(history, before, after))
@@ -144,7 +169,9 @@ def summary(history: list[dict], before: dict, after: dict) -> str:
     if not math.isnan(before["held_out"]):
         lines.append(f"reward on held-out problems:     {before['held_out']:.3f} before -> {after['held_out']:.3f} "
                      "after")
-    return "\n".join(lines + [f"mean acceptance over the run: {acceptance:.3f}"])
+    last = statistics.mean(e["spec/acceptance_rate"] for e in history[-10:])
+    return "\n".join(lines + [f"mean acceptance over the run: {acceptance:.3f} (last {min(10, len(history))} steps: "
+                              f"{last:.3f})"])
 
 
 if __name__ == "__main__":

@@ -13,11 +13,21 @@ MAX_SEED = 2 ** 32 - 1  # vLLM seeds numpy's global RNG with the generator's see
 
 
 def check_generator_args(*, model, tokenizer, draft_model, max_num_seqs, max_model_len, device, seed, backend,
-                         vllm_kwargs) -> None:
+                         vllm_kwargs, step_costs=None, base_url=None, server_kwargs=None,
+                         speculative_config=None) -> None:
     """Types and ranges of RolloutGenerator's arguments (dtype and device strings are parsed by
-    rollout.loading.default_device_dtype; max_model_len is checked against the model once its config is read)."""
-    if not isinstance(backend, str) or backend not in ("embedded", "vllm"):
-        raise ValueError(f"backend={backend!r}: choose 'embedded' (this package's engine) or 'vllm'")
+    rollout.loading.default_device_dtype; max_model_len is checked against the model once its config is read),
+    and arguments the chosen backend never reads."""
+    if not isinstance(backend, str) or backend not in ("embedded", "vllm", "server"):
+        raise ValueError(f"backend={backend!r}: choose 'embedded' (this package's engine), 'vllm' (vllm.LLM in this "
+                         "process) or 'server' (a running vLLM server at base_url)")
+    _check_backend_fields(backend, vllm_kwargs=vllm_kwargs, step_costs=step_costs, base_url=base_url,
+                          server_kwargs=server_kwargs, speculative_config=speculative_config)
+    if backend == "server" and model is None:
+        return  # the server's own folders, read from it
+    if model is None:
+        raise ValueError(f"model=None: backend={backend!r} needs a model (a local HF folder, a loaded model, or "
+                         "'default')")
     _check_model("model", model)
     if draft_model is not None:
         _check_model("draft_model", draft_model)
@@ -26,12 +36,28 @@ def check_generator_args(*, model, tokenizer, draft_model, max_num_seqs, max_mod
     check_optional_int("max_model_len", max_model_len, 1,
                        hint=" (None: the model's max_position_embeddings, capped at 2048)")
     check_int("seed", seed, 0, MAX_SEED)
-    if backend == "vllm" and device is not None:
-        raise ValueError(f"device={device!r}: backend='vllm' places the model itself; drop device (or pass "
+    if backend != "embedded" and device is not None:
+        raise ValueError(f"device={device!r}: backend={backend!r} places the model itself; drop device (or pass "
                          "vllm_kwargs for vLLM's own placement settings)")
     if vllm_kwargs is not None and not isinstance(vllm_kwargs, dict):
         raise ValueError(f"vllm_kwargs={vllm_kwargs!r}: must be a dict of vllm.LLM arguments, e.g. "
                          '{"gpu_memory_utilization": 0.5}')
+
+
+def _check_backend_fields(backend: str, *, vllm_kwargs, step_costs, base_url, server_kwargs,
+                          speculative_config) -> None:
+    if backend == "server" and not base_url:
+        raise ValueError("backend='server' needs base_url, the running server's URL (e.g. 'http://127.0.0.1:8000'; "
+                         "start one with python -m rollout serve --model FOLDER --speculative-config JSON)")
+    read_only_by = {"vllm_kwargs": ("vllm", vllm_kwargs), "step_costs": ("embedded", step_costs),
+                    "base_url": ("server", base_url), "server_kwargs": ("server", server_kwargs)}
+    for name, (reader, value) in read_only_by.items():
+        if value is not None and backend != reader:
+            raise ValueError(f"{name} is only read with backend={reader!r}; drop it or set backend={reader!r}")
+    if backend == "server" and speculative_config is not None:
+        raise ValueError("speculative_config with backend='server': the server runs the config it was started with "
+                         "(read from its /server_info); drop speculative_config, or restart the server with "
+                         "--speculative-config JSON")
 
 
 def as_spec_config(speculative_config, draft_model) -> SpecConfig | None:

@@ -1,7 +1,7 @@
 """The backend protocol: what `RolloutGenerator` and the trainers ask of whatever runs the models.
 
 The generator tokenises prompts, derives each call's seed and decodes; a backend turns token-id prompts into samples.
-Backends: the embedded engine (rollout/embedded.py), vLLM in this process (rollout/vllm_backend.py) and a running
+Backends: the embedded engine (rollout/embedded.py), vLLM in this process (rollout/vllm_backend/) and a running
 vLLM server (rollout/server_backend.py). Weight updates are atomic: every name, shape and dtype is checked before
 anything is written, so a bad or failing source leaves the previous weights in place.
 """
@@ -22,6 +22,7 @@ class Backend(Protocol):
     config: SpecConfig | None  # the speculative config it runs; None: no speculation
     max_model_len: int  # prompt + completion tokens at most
     eos_token_ids: set[int]  # tokens that end every completion
+    is_shared: bool  # one engine for several trainer processes (a server): one process writes its weights
 
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams, seed: int,
                  decode: Callable[[list[int]], str | None], use_tqdm: bool) -> RolloutBatch:

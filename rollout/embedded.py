@@ -61,8 +61,15 @@ class EmbeddedBackend:
             self.policy = self._adaptive_policy(user_costs)
         self._ids = itertools.count()  # request and prompt-group ids, unique across calls
 
+    is_shared = False  # one engine per trainer process
+
     def k_for_batch_size(self, batch_size: int) -> int:
         return 0 if self.config is None else self.config.k_for_batch_size(batch_size)
+
+    def use_schedule(self, schedule: list[list[int]]) -> None:
+        """Follow `schedule` ([[start, end, K], ...]) from the next call on; the drafter drafts as many tokens as each
+        step asks for, so only the config changes (what `rollout tune` times)."""
+        self.config = self.config.with_schedule(schedule)
 
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams, seed: int,
                  decode, use_tqdm: bool) -> RolloutBatch:

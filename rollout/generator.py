@@ -33,9 +33,16 @@ class RolloutGenerator:
         (draft_model), None for model-free ones. None: measured here at start-up, or loaded from the on-disk
         cache of an earlier measurement (spec/adaptive/cost_profile.py), and refined from the step times of every
         call. Embedded backend only.
-    backend: "embedded" (this package's engine, rollout/embedded.py) or "vllm" (`vllm.LLM` in this process,
-        rollout/vllm_backend.py: it loads `model` and the drafter from their folders; device is vLLM's choice).
+    backend: "embedded" (this package's engine, rollout/embedded.py), "vllm" (`vllm.LLM` in this process,
+        rollout/vllm_backend/: it loads `model` and the drafter from their folders; device is vLLM's choice) or
+        "server" (a running vLLM OpenAI server at `base_url`, rollout/server_backend.py).
     vllm_kwargs: extra `vllm.LLM` arguments for backend="vllm" (tensor_parallel_size, gpu_memory_utilization, ...).
+    base_url: the server's URL for backend="server", e.g. "http://127.0.0.1:8000". The server's model, max_model_len,
+        max_num_seqs and speculative config are read from it; `model` and `draft_model` are optional local copies
+        of its folders (default: the server's own paths, when they exist on this machine), used for the tokenizer,
+        EOS ids, weight checks and drafter refresh.
+    server_kwargs: ServerBackend options for backend="server" (weights_dir, request_timeout_s, reconnect_s,
+        max_concurrency; rollout/server_backend.py).
     max_drafter_faults: a drafter that raises or returns a malformed proposal costs its step's drafts, not the call
         (the tokens are the same, only slower); each call warns at its first fault, counts them
         (stats["num_drafter_faults"]) and stops drafting after this many. 0: the first fails the call. Embedded
@@ -44,23 +51,30 @@ class RolloutGenerator:
     One call at a time: concurrent `generate` and `load_weights` calls from several threads wait for each other.
     """
 
-    def __init__(self, model, *, tokenizer=None, draft_model=None, speculative_config=None,
+    def __init__(self, model=None, *, tokenizer=None, draft_model=None, speculative_config=None,
                  max_num_seqs: int = 64, max_model_len: int | None = None, device=None, dtype=None,
                  seed: int = 0, step_costs=None, backend: str = "embedded", vllm_kwargs: dict | None = None,
-                 max_drafter_faults: int = 8):
+                 base_url: str | None = None, server_kwargs: dict | None = None, max_drafter_faults: int = 8):
         if isinstance(model, str) and model == "default":
             model = default_model_paths()["target"]
         check_generator_args(model=model, tokenizer=tokenizer, draft_model=draft_model, max_num_seqs=max_num_seqs,
                              max_model_len=max_model_len, device=device, seed=seed, backend=backend,
-                             vllm_kwargs=vllm_kwargs)
-        config = as_spec_config(speculative_config, draft_model)  # bad config fails before any loading
-        self.backend: Backend = _build_backend(backend, model, config, draft_model=draft_model,
-                                               max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                               device=device, dtype=dtype, seed=seed, step_costs=step_costs,
-                                               vllm_kwargs=vllm_kwargs, max_drafter_faults=max_drafter_faults)
+                             vllm_kwargs=vllm_kwargs, step_costs=step_costs, base_url=base_url,
+                             server_kwargs=server_kwargs, speculative_config=speculative_config)
+        if backend == "server":
+            from rollout.server_backend import ServerBackend
+            self.backend: Backend = ServerBackend(base_url, model=model, draft_model=draft_model, tokenizer=tokenizer,
+                                                  **(server_kwargs or {}))
+            model = self.backend.model_path
+        else:
+            config = as_spec_config(speculative_config, draft_model)  # bad config fails before any loading
+            self.backend = _build_backend(backend, model, config, draft_model=draft_model,
+                                          max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device,
+                                          dtype=dtype, seed=seed, step_costs=step_costs, vllm_kwargs=vllm_kwargs,
+                                          max_drafter_faults=max_drafter_faults)
         self.tokenizer = load_tokenizer(model, tokenizer)
-        self.vocab_size = model_vocab_size(model)
-        self.max_num_seqs = max_num_seqs
+        self.vocab_size = None if model is None else model_vocab_size(model)
+        self.max_num_seqs = getattr(self.backend, "max_num_seqs", max_num_seqs)
         self.seed = seed
         self.num_calls = 0
         self._lock = threading.Lock()  # the backend's caches serve one call, and call seeds count calls
@@ -139,16 +153,11 @@ def _build_backend(backend: str, model, config: SpecConfig | None, *, draft_mode
                    max_model_len: int | None, device, dtype, seed: int, step_costs, vllm_kwargs,
                    max_drafter_faults: int) -> Backend:
     if backend == "embedded":
-        if vllm_kwargs is not None:
-            raise ValueError("vllm_kwargs is only read with backend='vllm'; drop it or set backend='vllm'")
         from rollout.embedded import EmbeddedBackend
         device, dtype = default_device_dtype(device, dtype)
         return EmbeddedBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs,
                                max_model_len=max_model_len, device=device, dtype=dtype, step_costs=step_costs,
                                max_drafter_faults=max_drafter_faults)
-    if step_costs is not None:
-        raise ValueError("step_costs is only read with backend='embedded' (adaptive verification's cost model); "
-                         "drop it for backend='vllm'")
     from rollout.vllm_backend import VLLMBackend
     return VLLMBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                        dtype=dtype, seed=seed, vllm_kwargs=vllm_kwargs)

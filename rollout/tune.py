@@ -1,8 +1,13 @@
 """`python -m rollout tune`: derive a target/draft pair's per-batch-size schedule on this hardware and print it as
 the speculative-config JSON that this engine and `vllm serve --speculative-config` both accept.
 
-Two steps. (1) Predict: roll out the default task once at the largest K to measure acceptance per draft position,
-measure the step costs, and predict each K's speedup per batch size (spec/adaptive/tuning.py). (2) Measure (unless
+`--backend embedded` (default) tunes this package's engine; `--backend vllm` tunes vLLM's (`vllm.LLM` in this
+process, built with the largest K and a schedule whose K the tuner overwrites, rollout/vllm_backend/step_times.py):
+its own step costs and its own rollouts decide, so the printed schedule is for vLLM on this hardware.
+
+Two steps. (1) Predict: roll out the prompts (`--prompts`, else the default task's) once at the largest K to
+measure acceptance per draft position, measure the step costs, and predict each K's speedup per batch size
+(spec/adaptive/tuning.py). (2) Measure (unless
 `--predict-only`): at each batch size of a doubling grid, roll out the same prompts with every candidate K (0,
 powers of two up to the largest K, and the predicted best) as a one-range schedule on the same generator,
 interleaved, over `--repeats` prompt sets, and keep the smallest K that the fastest does not beat by `--min-gain`
@@ -14,12 +19,13 @@ measured choice decides.
 
 import json
 import math
+import statistics
 import sys
 
 from rollout.default_task import default_prompts
 from rollout.generator import RolloutGenerator
+from rollout.prompt_files import read_prompts
 from rollout.sampling_params import SamplingParams
-from spec import SpecConfig
 from spec.adaptive.cost_profile import doubling_grid
 from spec.schedule import BatchSizeSchedule
 from spec.adaptive.tuning import best_k, smallest_k_within, tuned_schedule
@@ -33,13 +39,13 @@ def tune(args, base_config: dict) -> dict:
     static = {key: value for key, value in base_config.items()
               if key not in ("num_speculative_tokens_per_batch_size", "enable_adaptive_verification")}
     static["num_speculative_tokens"] = max_k
-    generator = RolloutGenerator(args.model, draft_model=args.draft_model, speculative_config=static,
-                                 max_num_seqs=args.max_num_seqs, seed=args.seed)
+    generator = _generator(args, static)
+    pick = prompt_picker(args)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-    batch = generator.generate(default_prompts(args.num_prompts, seed=args.seed), args.num_generations, params,
+    batch = generator.generate(pick(args.num_prompts, args.seed), args.num_generations, params,
                                use_tqdm=not args.no_progress)
     acceptance = batch.stats["acceptance_rate_per_position"]
-    costs = generator.backend.measure_step_costs(refresh=True)  # also caches them for adaptive verification
+    costs = _step_costs(generator, args, [s.prompt_ids for s in batch.samples], max_k)
     predicted = {b: best_k(acceptance, costs, b, args.min_gain)
                  for b in _REPORTED_BATCH_SIZES if b <= args.max_num_seqs}
     if args.predict_only:
@@ -49,7 +55,7 @@ def tune(args, base_config: dict) -> dict:
         for batch_size in doubling_grid(args.max_num_seqs):
             candidates = sorted({0, max_k, best_k(acceptance, costs, batch_size, args.min_gain)[0],
                                  *(2 ** i for i in range(max_k.bit_length()) if 2 ** i <= max_k)})
-            measured[batch_size] = measure_speeds(generator, static, batch_size, candidates, params, args)
+            measured[batch_size] = measure_speeds(generator, batch_size, candidates, params, args, pick)
             if not args.no_progress:
                 print(f"measured batch size {batch_size}: " + "  ".join(
                     f"K={k} {tps:.0f} tok/s" for k, tps in measured[batch_size].items()), file=sys.stderr)
@@ -60,25 +66,63 @@ def tune(args, base_config: dict) -> dict:
             "num_speculative_tokens_per_batch_size": schedule}
 
 
-def measure_speeds(generator: RolloutGenerator, static: dict, batch_size: int, ks: list[int],
-                   params: SamplingParams, args) -> dict[int, float]:
+def _generator(args, static: dict) -> RolloutGenerator:
+    """The generator timed: `static`'s K at every batch size; on vLLM as a one-range schedule (vLLM's scheduler
+    reads the K lookup that use_schedule overwrites only when the engine has a schedule)."""
+    if getattr(args, "backend", "embedded") == "embedded":
+        return RolloutGenerator(args.model, draft_model=args.draft_model, speculative_config=static,
+                                max_num_seqs=args.max_num_seqs, seed=args.seed)
+    config = {**static, "num_speculative_tokens_per_batch_size": [[1, args.max_num_seqs, static[
+        "num_speculative_tokens"]]]}
+    return RolloutGenerator(args.model, draft_model=args.draft_model, speculative_config=config, backend="vllm",
+                            max_num_seqs=args.max_num_seqs, seed=args.seed)
+
+
+def _step_costs(generator: RolloutGenerator, args, prompt_ids: list[list[int]], max_k: int):
+    """The step-time model of the tuned engine: the embedded engine's measured cost curves (also cached for
+    adaptive verification), or vLLM's whole steps timed at the batch-size grid and K = 0, powers of two, max K."""
+    if getattr(args, "backend", "embedded") == "embedded":
+        return generator.backend.measure_step_costs(refresh=True)
+    from rollout.vllm_backend.step_times import measure_step_times
+    ks = sorted({0, max_k, *(2 ** i for i in range(max_k.bit_length()) if 2 ** i <= max_k)})
+    return measure_step_times(generator.backend, prompt_ids, doubling_grid(args.max_num_seqs), ks)
+
+
+def prompt_picker(args):
+    """(n, seed) -> n prompts: from the --prompts file (generate's format, rollout/prompt_files.py), a window starting
+    at a seed-chosen line, cycled; else the default task's, generated from the seed."""
+    path = getattr(args, "prompts", None)
+    if path is None:
+        return lambda n, seed: default_prompts(n, seed=seed)
+    pool = read_prompts(path)
+    return lambda n, seed: [pool[(seed + i) % len(pool)] for i in range(n)]
+
+
+def measure_speeds(generator: RolloutGenerator, batch_size: int, ks: list[int], params: SamplingParams, args,
+                   pick=None) -> dict[int, float]:
     """Tokens/s of each K at one batch size: K as a one-range schedule on the same generator (and models), the same
     prompts for every K, a new prompt set and seed per repeat (more repeats for small batches, whose speed depends
-    on how their few completions end), the K order rotating; all repeats' tokens over all their seconds."""
+    on how their few completions end), the K order rotating. Each K's speed is the first K's (all its repeats' tokens
+    over all their seconds) times the median over repeats of its speed over the first K's in the same repeat: paired
+    on the prompts, and a burst of load from another job on a shared machine moves one repeat's ratio, not the
+    estimate."""
+    pick = pick or (lambda n, seed: default_prompts(n, seed=seed))
     per_prompt = args.num_generations if batch_size % args.num_generations == 0 else 1
-    tokens, seconds = dict.fromkeys(ks, 0), dict.fromkeys(ks, 0.0)
+    speeds: dict[int, list[float]] = {k: [] for k in ks}
+    tokens, seconds = 0, 0.0  # the first K's
     warm = SamplingParams(temperature=params.temperature, max_tokens=params.max_tokens, seed=args.seed)
     for k in ks:  # untimed: the first call at a batch size pays for allocations
-        _use_k(generator, static, k).generate(default_prompts(1, seed=args.seed), 1, warm, use_tqdm=False)
+        _use_k(generator, k).generate(pick(1, args.seed), 1, warm, use_tqdm=False)
     for repeat in range(repeats_at(batch_size, args.repeats)):
-        prompts = default_prompts(batch_size // per_prompt, seed=args.seed + 1000 * batch_size + repeat)
+        prompts = pick(batch_size // per_prompt, args.seed + 1000 * batch_size + repeat)
         run_params = SamplingParams(temperature=params.temperature, max_tokens=params.max_tokens,
                                     seed=args.seed + repeat)
         for k in ks[repeat % len(ks):] + ks[:repeat % len(ks)]:
-            stats = _use_k(generator, static, k).generate(prompts, per_prompt, run_params, use_tqdm=False).stats
-            tokens[k] += stats["num_completion_tokens"]
-            seconds[k] += stats["elapsed_s"]
-    return {k: tokens[k] / seconds[k] for k in ks}
+            stats = _use_k(generator, k).generate(prompts, per_prompt, run_params, use_tqdm=False).stats
+            speeds[k].append(stats["tokens_per_s"])
+            if k == ks[0]:
+                tokens, seconds = tokens + stats["num_completion_tokens"], seconds + stats["elapsed_s"]
+    return {k: tokens / seconds * statistics.median(s / r for s, r in zip(speeds[k], speeds[ks[0]])) for k in ks}
 
 
 def repeats_at(batch_size: int, repeats: int) -> int:
@@ -87,11 +131,9 @@ def repeats_at(batch_size: int, repeats: int) -> int:
     return max(3, repeats * 16 // max(batch_size, 16))
 
 
-def _use_k(generator: RolloutGenerator, static: dict, k: int) -> RolloutGenerator:
-    """The generator with K drafts at every batch size (0: none). Only the config changes: a static-K drafter
-    drafts as many tokens as each step asks for."""
-    generator.backend.config = SpecConfig.from_dict(
-        {**static, "num_speculative_tokens_per_batch_size": [[1, generator.max_num_seqs, k]]})
+def _use_k(generator: RolloutGenerator, k: int) -> RolloutGenerator:
+    """The generator with K drafts at every batch size (0: none), on the same engine and models."""
+    generator.backend.use_schedule([[1, generator.max_num_seqs, k]])
     return generator
 
 

@@ -146,6 +146,10 @@ class SpecConfig:
     def keys(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls) if f.init]
 
+    def with_schedule(self, schedule: list | None) -> "SpecConfig":
+        """This config with num_speculative_tokens_per_batch_size = schedule (checked as any config is)."""
+        return SpecConfig.from_dict({**self.to_dict(), "num_speculative_tokens_per_batch_size": schedule})
+
     def to_dict(self) -> dict:
         """Every key with its value, as JSON-ready data that from_dict (and vLLM) accepts."""
         return {name: getattr(self, name) for name in self.keys()}

@@ -2,6 +2,8 @@
 never imports adaptive verification, trl and vllm stay in their rooms, and no source file outgrows 400 lines."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,10 +51,18 @@ def test_trl_stays_in_trainers_and_vllm_in_its_backend(path):
     module = _module(path)
     if not module.startswith("trainers"):
         assert not _imports_any(path, ("trl",)), f"{module} imports trl"
-    if module != "rollout.vllm_backend":
+    if not module.startswith("rollout.vllm_backend."):
         assert not _imports_any(path, ("vllm",)), f"{module} imports vllm"
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=_module)
 def test_no_source_file_outgrows_400_lines(path):
     assert len(path.read_text().splitlines()) <= MAX_LINES
+
+
+def test_importing_the_packages_does_not_import_vllm():
+    """vllm is imported lazily: only building a vLLM engine or running `rollout serve` imports it."""
+    code = ("import sys, rollout, rollout.server_backend, rollout.vllm_backend, rollout.vllm_backend.serve; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]

@@ -3,34 +3,20 @@ prompts' rollouts back, groups split between processes are sampled independently
 GRPO example runs."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from trainers_testing import ROOT, accelerate_launch
 from transformers import AutoTokenizer
 
 from rollout import default_model_paths
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-
-
-def _launch(script: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([*LAUNCH, str(script), *args], env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     output_dir = tmp_path_factory.mktemp("two_process")
-    _launch(ROOT / "tests" / "two_process_grpo.py", str(output_dir))
+    accelerate_launch(ROOT / "tests" / "two_process_grpo.py", str(output_dir))
     return [json.loads((output_dir / f"rank{i}.json").read_text()) for i in range(2)]
 
 
@@ -64,7 +50,7 @@ def test_weights_synced_and_metrics_gathered_on_both_processes(ranks):
 
 
 def test_grpo_example_runs_on_two_processes(tmp_path):
-    result = _launch(ROOT / "examples" / "grpo_arithmetic.py", "--max-steps", "2", "--num-problems", "8",
+    result = accelerate_launch(ROOT / "examples" / "grpo_arithmetic.py", "--max-steps", "2", "--num-problems", "8",
                      "--prompts-per-step", "4", "--num-generations", "4", "--eval-samples", "2",
                      "--num-held-out", "8", "--output-dir", str(tmp_path))
     assert "step   2/2" in result.stdout and "reward on the training problems" in result.stdout

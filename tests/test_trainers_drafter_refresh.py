@@ -7,7 +7,8 @@ import pytest
 
 from rollout import RolloutGenerator, SamplingParams
 from trainers import DrafterRefresh, SpecRolloutCallback
-from trainers_testing import default_tokenizer, grpo_config, grpo_trainer, shared_grpo_run, tiny_generator, tiny_policy
+from trainers_testing import (default_tokenizer, grpo_config, grpo_trainer, refresh_toward, shared_grpo_run,
+                              tiny_generator, tiny_policy)
 
 PROMPTS = [[1, 20, 17, 3 + i, 5, 14, 6, 19, 21] for i in range(8)]
 PARAMS = SamplingParams(temperature=1.0, max_tokens=12, seed=0)
@@ -15,14 +16,7 @@ PARAMS = SamplingParams(temperature=1.0, max_tokens=12, seed=0)
 
 def test_refresh_raises_acceptance():
     generator = tiny_generator(target_seed=1, draft_seed=2)  # a random draft for a random target
-    before = generator.generate(PROMPTS, 4, PARAMS, use_tqdm=False)
-    refresh = DrafterRefresh(generator, every_n_steps=1, learning_rate=1e-2)
-    teacher = tiny_policy(1)  # the generator's target: the policy it is synced to
-    kls = []
-    for _ in range(20):
-        refresh.add(before, temperature=1.0)
-        kls.append(refresh.refresh(teacher))
-    after = generator.generate(PROMPTS, 4, PARAMS, use_tqdm=False)
+    kls, before, after = refresh_toward(generator, tiny_policy(1), PROMPTS, PARAMS)  # toward the generator's target
     assert kls[-1] < 0.5 * kls[0]
     assert after.metrics["spec/acceptance_rate"] > before.metrics["spec/acceptance_rate"] + 0.1
 

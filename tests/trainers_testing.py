@@ -3,8 +3,11 @@ one recorded 2-step GRPO run (`shared_grpo_run()`, made once per session)."""
 
 import copy
 import os
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from datasets import Dataset
@@ -18,6 +21,19 @@ from trainers import SpecRolloutCallback
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
 VOCAB_SIZE, EOS = 28, 2  # the default pair's character tokenizer
 NUM_SPECULATIVE_TOKENS = 3
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+def accelerate_launch(script: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`script args` on two CPU processes (the command in CONTEXT.md and the README), tests/ and the project on
+    PYTHONPATH; asserts a zero exit status, with the output's tail as the message."""
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([*LAUNCH, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
 
 
 def default_tokenizer():
@@ -57,6 +73,19 @@ def grpo_trainer(policy, generator, args: GRPOConfig, callbacks=(), reward=lengt
     return GRPOTrainer(model=policy, reward_funcs=reward, args=args, train_dataset=prompt_dataset(),
                        processing_class=default_tokenizer(), rollout_func=generator, callbacks=list(callbacks),
                        **kwargs)
+
+
+def refresh_toward(generator: RolloutGenerator, teacher, prompts, params, num_refreshes: int = 20):
+    """(the refresh's KL per pass, the batch before, the batch after): DrafterRefresh (learning rate 1e-2) distils
+    the generator's draft toward `teacher` on one batch of its rollouts, num_refreshes times."""
+    from trainers import DrafterRefresh
+    before = generator.generate(prompts, 4, params, use_tqdm=False)
+    refresh = DrafterRefresh(generator, every_n_steps=1, learning_rate=1e-2)
+    kls = []
+    for _ in range(num_refreshes):
+        refresh.add(before, temperature=1.0)
+        kls.append(refresh.refresh(teacher))
+    return kls, before, generator.generate(prompts, 4, params, use_tqdm=False)
 
 
 @torch.no_grad()

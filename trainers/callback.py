@@ -9,8 +9,10 @@ generator's target when `global_step` changed (weight_sync.py), and on the first
 correction is switched on for the rollout logprobs if the GRPOConfig asks for it (importance_sampling.py). After
 each rollout: the acceptance metrics go into the trainer's logs (metrics.py) and the rollouts into the drafter
 refresh's collection. At the end of every `drafter_refresh_steps`-th optimizer step the draft model is distilled
-toward the policy on them and loaded into the generator's drafter (drafter_refresh.py); the mean KL is logged with the next rollout's metrics as
-`spec/drafter_refresh_kl`.
+toward the policy on them and loaded into the generator's drafter (drafter_refresh.py); the mean KL is logged with the
+next rollout's metrics as `spec/drafter_refresh_kl`. Trainer processes sharing one server (`backend.is_shared`) share
+its drafter: the server's writer process (weight_sync.py) refreshes it on its own rollouts, and the next weight
+sync's barrier holds the others until it is loaded.
 """
 
 from transformers import TrainerCallback
@@ -66,5 +68,9 @@ class SpecRolloutCallback(TrainerCallback):
         self._is_attached = True
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if self.drafter_refresh is not None and self.drafter_refresh.is_due(state.global_step):
-            self._pending["spec/drafter_refresh_kl"] = self.drafter_refresh.refresh(teacher=model)
+        if self.drafter_refresh is None or not self.drafter_refresh.is_due(state.global_step):
+            return
+        if self.weight_sync.is_writer is False:  # a shared backend that another process writes
+            self.drafter_refresh.sequences.clear()
+            return
+        self._pending["spec/drafter_refresh_kl"] = self.drafter_refresh.refresh(teacher=model)

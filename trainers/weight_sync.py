@@ -5,6 +5,11 @@ Once per optimizer step, before the rollout that follows it: skipped while `trai
 changed (gradient accumulation, evaluation, several generations per step). A PEFT policy is read with its adapters
 merged into the base weights, under the base model's parameter names. Under DeepSpeed ZeRO-3 the parameters are
 gathered from their shards first (every process takes part: gathering is a collective); FSDP is not supported.
+
+A backend shared by trainer processes (`backend.is_shared`: a vLLM server, named by its `base_url`) is written by
+one process per server, its writer: the lowest-ranked process using that URL (all of them with one server, the
+main process). Every process waits at a barrier, each writer loads the weights into its server, and every process
+waits again, so that no process rolls out on old weights and no server is written twice.
 """
 
 import contextlib
@@ -20,6 +25,7 @@ class WeightSync:
         self.generator = generator
         self.last_synced_step: int | None = None
         self.num_syncs = 0
+        self.is_writer: bool | None = None  # this process writes its shared backend's weights (known after a sync)
 
     def maybe_sync(self, trainer) -> bool:
         """Copy the trainer's policy into the generator's target unless global_step is the one last synced."""
@@ -38,10 +44,34 @@ class WeightSync:
         if is_zero3 and not getattr(trainer.args, "ds3_gather_for_generation", True):
             raise NotImplementedError("ds3_gather_for_generation=False: the generator needs the full weights each "
                                       "step; set ds3_gather_for_generation=True in the GRPOConfig")
-        policy = accelerator.unwrap_model(trainer.model)
-        self.generator.load_weights(policy_weights(policy, is_zero3))
+        weights = policy_weights(accelerator.unwrap_model(trainer.model), is_zero3)
+        if getattr(self.generator.backend, "is_shared", False):
+            self._sync_shared(accelerator, weights)
+        else:
+            self.generator.load_weights(weights)
         self.last_synced_step = trainer.state.global_step
         self.num_syncs += 1
+
+    def _sync_shared(self, accelerator, weights: Iterator) -> None:
+        """Barrier, each server's writer loads `weights`, barrier (the others still iterate them under ZeRO-3:
+        gathering a parameter is a collective)."""
+        if self.is_writer is None:
+            self.is_writer = is_writer(accelerator, self.generator.backend.base_url)
+        accelerator.wait_for_everyone()
+        if self.is_writer:
+            self.generator.load_weights(weights)
+        else:
+            for _ in weights:
+                pass
+        accelerator.wait_for_everyone()
+
+
+def is_writer(accelerator, base_url: str) -> bool:
+    """Whether this process is the lowest-ranked of the processes whose shared backend is at base_url (a
+    collective: every process calls it)."""
+    from accelerate.utils import gather_object
+    urls = gather_object([base_url])  # one per process, in rank order
+    return urls.index(base_url) == accelerator.process_index
 
 
 def policy_weights(model: torch.nn.Module, is_zero3: bool = False) -> Iterator[tuple[str, torch.Tensor]]:

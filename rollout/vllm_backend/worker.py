@@ -1,0 +1,78 @@
+"""The worker extension vLLM loads in its worker processes: `worker_extension_cls=WORKER_EXTENSION` (engine_args.py)
+for `vllm.LLM`, `--worker-extension-cls rollout.vllm_backend.worker.WorkerExtension` for a server (`python -m
+rollout serve` adds it).
+
+vLLM imports this module inside each worker during init_worker, before the model loads and before anything is
+sampled, in every layout: the in-process engine (TP = 1), the spawned workers of tensor parallelism, the worker
+process of the OpenAI server. Importing it applies the CPU sampler fix there (sampler_fix.py). vLLM then mixes the
+class into its worker class, so its methods are callable by name from `llm.collective_rpc(name, kwargs=...)` and
+from a dev-mode server's `POST /collective_rpc {"method": name, "kwargs": {...}}`, on every TP rank.
+"""
+
+import glob
+import os
+
+from rollout.vllm_backend.sampler_fix import apply_cpu_sampling_fix, is_cpu_sampling_fixed
+
+apply_cpu_sampling_fix()
+
+
+class WorkerExtension:
+    """Methods added to vLLM's worker (`self` is the worker: self.model_runner, self.vllm_config)."""
+
+    def reload_draft_weights(self, weights=None, weights_path: str | None = None) -> int:
+        """Load the draft model's weights in place: `weights` ((HF name, tensor) pairs, in-process) or the
+        *.safetensors files under `weights_path` (a server; the folder must be readable by the worker). vLLM's
+        layerwise reload (initialize, load, finalize) re-runs the CPU build's weight repacking, which a plain
+        `model.load_weights` does not. Returns the number of parameters loaded on this rank. The caller checks the
+        weights first (rollout/weights.py): a failure here can leave the drafter partly loaded."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+        model = self.model_runner.get_draft_model()
+        if model is None:
+            raise ValueError("this vLLM engine has no draft model (its speculative method has none); draft weights "
+                             "need method 'draft_model'")
+        if (weights is None) == (weights_path is None):
+            raise ValueError("reload_draft_weights takes exactly one of weights=[(name, tensor), ...] and "
+                             "weights_path='<folder of *.safetensors>'")
+        source = weights if weights is not None else read_safetensors(weights_path)
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(model)
+            loaded = model.load_weights(source)
+            finalize_layerwise_reload(model, self.vllm_config.speculative_config.draft_model_config)
+        repack_tied_lm_head(model)
+        return len(loaded or ())
+
+    def repack_tied_lm_head(self) -> bool:
+        """After vLLM's own `reload_weights` of the target: re-pack a tied lm_head (see repack_tied_lm_head)."""
+        return repack_tied_lm_head(self.model_runner.get_model())
+
+    def sampler_fix_applied(self) -> bool:
+        """Whether this worker samples with the fixed CPU kernels (always true off the CPU build's bug path)."""
+        from vllm.platforms import current_platform
+        return not current_platform.is_cpu() or is_cpu_sampling_fixed()
+
+
+def repack_tied_lm_head(model) -> bool:
+    """vLLM's CPU build packs each linear layer's weight for its GEMM when the model loads (lm_head included:
+    dispatch_cpu_unquantized_gemm keeps a packed copy). A tied lm_head shares the embedding's parameter, which
+    load_weights fills through embed_tokens only, so a layerwise reload never re-packs lm_head and the logits keep
+    the old weights. Re-pack it from the parameter; True if it was a tied lm_head on CPU (else nothing to do)."""
+    from vllm.platforms import current_platform
+    lm_head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if not current_platform.is_cpu() or lm_head is None or embed is None or lm_head.weight is not embed.weight:
+        return False
+    lm_head.quant_method.process_weights_after_loading(lm_head)
+    return True
+
+
+def read_safetensors(path: str):
+    """(name, tensor) pairs of every *.safetensors file under `path` (or of `path` itself, a file), on the CPU."""
+    from safetensors.torch import load_file
+    files = [path] if os.path.isfile(path) else sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"weights_path={path!r}: no *.safetensors file there (is the folder shared with "
+                                "this server's machine?)")
+    for file in files:
+        yield from load_file(file, device="cpu").items()

@@ -1,0 +1,69 @@
+"""`python -m rollout serve` (rollout/vllm_backend/serve.py): the flags it adds for the server backend, the ones it
+refuses, the default pair, and the plain command it prints. No server is started here (tests/test_vllm_server.py
+starts one)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from transformers import AutoConfig
+
+from rollout import default_model_paths
+from rollout.vllm_backend.serve import build_command, plain_command
+
+
+def _flags(args: list[str]) -> dict[str, str]:
+    return {flag: value for flag, value in zip(args, args[1:] + [""]) if flag.startswith("--")}
+
+
+def test_the_settings_the_client_needs_are_added_on_cpu():
+    target = default_model_paths()["target"]
+    args, env = build_command(["--model", target, "--max-num-seqs", "8", "--port", "9"], is_cpu=True)
+    flags = _flags(args)
+    assert flags["--logprobs-mode"] == "processed_logprobs" and flags["--per-request-spec-decode-metrics"] == \
+        "detailed"
+    assert flags["--worker-extension-cls"] == "rollout.vllm_backend.worker.WorkerExtension"
+    config = AutoConfig.from_pretrained(target)
+    max_model_len = min(config.max_position_embeddings, 2048)  # the model's, capped
+    assert (flags["--generation-config"], flags["--dtype"], flags["--max-model-len"]) == ("vllm", "float32",
+                                                                                         str(max_model_len))
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # K and V, float32
+    assert "--enforce-eager" in flags and int(flags["--kv-cache-memory-bytes"]) == per_token * 8 * (max_model_len + 64)
+    assert flags["--port"] == "9" and env == {"VLLM_SERVER_DEV_MODE": "1"}
+    gpu_args, _ = build_command(["--model", target], is_cpu=False)
+    assert "--enforce-eager" not in gpu_args and "--kv-cache-memory-bytes" not in gpu_args
+
+
+def test_given_flags_win_and_a_wrong_logprobs_mode_is_refused():
+    target = default_model_paths()["target"]
+    args, _ = build_command(["--model", target, "--dtype", "bfloat16", "--max-model-len", "64",
+                             "--gpu-memory-utilization", "0.5", "--generation-config", "auto"], is_cpu=True)
+    assert _flags(args)["--dtype"] == "bfloat16" and args.count("--dtype") == args.count("--max-model-len") == 1
+    assert "--kv-cache-memory-bytes" not in args and _flags(args)["--generation-config"] == "auto"
+    with pytest.raises(ValueError, match="--logprobs-mode raw_logprobs: the server backend needs"):
+        build_command(["--model", target, "--logprobs-mode", "raw_logprobs"], is_cpu=True)
+    with pytest.raises(ValueError, match="needs --model"):
+        build_command(["--port", "8000"], is_cpu=True)
+
+
+def test_default_pair_and_tensor_parallel_binding(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    args, env = build_command(["--model", "default", "-tp", "2"], is_cpu=True)
+    flags = _flags(args)
+    assert flags["--model"] == default_model_paths()["target"]
+    spec = json.loads(flags["--speculative-config"])
+    assert spec["model"] == default_model_paths()["draft"] and spec["num_speculative_tokens_per_batch_size"]
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
+    assert plain_command(args, env).startswith("VLLM_SERVER_DEV_MODE=1 VLLM_CPU_OMP_THREADS_BIND='0,1|2,3' python -m "
+                                               "vllm.entrypoints.openai.api_server --model ")
+
+
+def test_the_cli_prints_the_plain_command_on_a_dry_run():
+    out = subprocess.run([sys.executable, "-m", "rollout", "serve", "--model", "default", "--dry-run"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "python -m vllm.entrypoints.openai.api_server --model" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "rollout", "serve", "--port", "1"], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "needs --model" in bad.stderr

