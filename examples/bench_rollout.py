@@ -88,10 +88,13 @@ class Worker:
         return self._read()
 
     def _read(self) -> dict:
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"an arm process ({self.process.args[3]}) died; its log is in the output folder")
-        return json.loads(line)
+        """The next JSON line; other lines (vLLM logs to stdout) are skipped."""
+        while True:
+            line = self.process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"an arm process ({self.process.args[3]}) died; its log is in the output folder")
+            if line.startswith("{"):
+                return json.loads(line)
 
     def close(self) -> None:
         self.process.stdin.close()

@@ -11,19 +11,18 @@ as its rollout function and SpecRolloutCallback (weight sync, acceptance metrics
     python -m rollout serve --model default --port 8000 &                          # the default pair, then
     python examples/grpo_arithmetic.py --backend server --base-url http://127.0.0.1:8000   # every process: one server
 
-The policy starts from the shipped target (right on about 40% of problems at temperature 1); the reward is 1 for
-the right answer, else 0. The policy trains on a fixed set of --num-problems problems, --prompts-per-step of them
-per step, so a short run revisits each one several times. Each step prints the batch's reward and the rollout's
-acceptance; before and after training the generator rolls out --eval-samples samples of every training problem
+The policy starts from the shipped target (right on about 58% of problems at temperature 1, 71% greedily); the
+reward is 1 for the right answer, else 0. By default every prompt of the run is a fresh problem (--num-problems
+fixes a smaller set, cycled through). Each step prints the batch's reward and the rollout's acceptance; before and
+after training the generator rolls out --eval-samples samples of the first --num-eval-problems training problems
 and 4 of each of --num-held-out unseen ones, and the mean rewards are printed (after training, with the final
 weights synced). Every process builds its own generator on its own device and rolls out its own share of the
 prompts.
 
-What a 30-step CPU run shows (float32, 2 cores, about 2.5 minutes): the batch reward climbs from about 0.4 to
-0.5-0.7 and the reward on the training problems rises (0.381 -> 0.559 in our run), while the held-out reward stays
-put (0.402 -> 0.381): a short run sharpens the policy on the problems it sees. Learning rate: 5e-5; at 1e-4 and
-above the reward fell on this 6M-parameter policy (Adam's first, sign-like steps move every weight by the learning
-rate).
+What a 30-step CPU run shows (float32, one thread, 18 minutes): the held-out reward rises from 0.585 to 0.611 (256
+problems x 4 samples), the evaluated training problems' from 0.506 to 0.547, and acceptance stays at 0.58 (mean K
+4.6) as the policy moves. Learning rate: 5e-5; at 1e-4 and above the reward fell on the previous, smaller task's
+policy (Adam's first, sign-like steps move every weight by the learning rate).
 """
 
 import argparse
