@@ -77,7 +77,7 @@ def _drain(replies: list[dict]) -> list[int]:
 def _ks(arm: str, settings: dict):
     if arm in STATIC:
         return lambda batch: STATIC[arm]
-    from rollout.cli import DEFAULT_SCHEDULE
+    from rollout.defaults import DEFAULT_SCHEDULE
     from spec import BatchSizeSchedule
     ranges = DEFAULT_SCHEDULE
     if arm == "tuned":

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts  # noqa: E402
-from rollout.cli import DEFAULT_SCHEDULE  # noqa: E402
+from rollout.defaults import DEFAULT_SCHEDULE  # noqa: E402
 from spec import SpecConfig, StaticPolicy  # noqa: E402
 from spec.adaptive import AdaptivePolicy, ConfidenceCalibrator, StepCostModel  # noqa: E402
 

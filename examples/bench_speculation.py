@@ -45,7 +45,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts
-from rollout.cli import DEFAULT_SCHEDULE
+from rollout.defaults import DEFAULT_SCHEDULE
 from rollout.tune import repeats_at
 from spec.adaptive.closed_batch import NUM_BATCHES
 from spec.adaptive.tuning import predicted_speedup

@@ -1,5 +1,5 @@
 """`python -m rollout tune --backend vllm` checked on vLLM: the tuned schedule against every static K and against the
-hand-written default schedule (rollout/cli.py DEFAULT_SCHEDULE), on vLLM's CPU build, the embedded default pair.
+hand-written default schedule (rollout/defaults.py DEFAULT_SCHEDULE), on vLLM's CPU build, the embedded default pair.
 
     .venv-vllm/bin/python examples/bench_vllm_tune.py [--max-batch-size 256] [--max-k 8] [--repeats 5]
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from bench_vllm import save_batch_size_plot, vllm_env
 
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts
-from rollout.cli import DEFAULT_SCHEDULE
+from rollout.defaults import DEFAULT_SCHEDULE
 from rollout.tune import repeats_at
 from spec.adaptive.cost_profile import doubling_grid
 

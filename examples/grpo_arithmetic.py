@@ -38,7 +38,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, T
 from trl import GRPOConfig, GRPOTrainer
 
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts, default_task
-from rollout.cli import default_speculative_config
+from rollout.defaults import default_speculative_config
 from trainers import SpecRolloutCallback
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL 1.16

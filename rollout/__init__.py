@@ -8,7 +8,8 @@ import importlib
 
 _MODULES = {"RolloutBatch": "rollout.outputs", "RolloutGenerator": "rollout.generator", "Sample": "rollout.outputs",
             "SamplingParams": "rollout.sampling_params", "default_model_paths": "rollout.default_models",
-            "default_prompts": "rollout.default_task"}
+            "default_prompts": "rollout.default_task", "default_speculative_config": "rollout.defaults",
+            "DEFAULT_SCHEDULE": "rollout.defaults"}
 
 __all__ = sorted(_MODULES)
 

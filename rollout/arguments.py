@@ -5,6 +5,7 @@ import os
 
 from transformers import AutoConfig, PreTrainedModel
 
+from rollout.defaults import BACKENDS
 from rollout.sampling_params import SamplingParams
 from spec import SpecConfig
 from spec.checks import check_bool, check_int, check_optional_int, check_token_ids
@@ -18,7 +19,7 @@ def check_generator_args(*, model, tokenizer, draft_model, max_num_seqs, max_mod
     """Types and ranges of RolloutGenerator's arguments (dtype and device strings are parsed by
     rollout.loading.default_device_dtype; max_model_len is checked against the model once its config is read),
     and arguments the chosen backend never reads."""
-    if not isinstance(backend, str) or backend not in ("embedded", "vllm", "server"):
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: choose 'embedded' (this package's engine), 'vllm' (vllm.LLM in this "
                          "process) or 'server' (a running vLLM server at base_url)")
     _check_backend_fields(backend, vllm_kwargs=vllm_kwargs, step_costs=step_costs, base_url=base_url,

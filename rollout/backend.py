@@ -15,7 +15,6 @@ from rollout.sampling_params import SamplingParams
 from spec import SpecConfig
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
-BACKENDS = ("embedded", "vllm", "server")
 
 
 class Backend(Protocol):

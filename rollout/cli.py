@@ -9,20 +9,14 @@ import argparse
 import json
 import sys
 
-from rollout.default_models import default_model_paths
+from rollout.defaults import DEFAULT_MIN_GAIN, default_speculative_config
 
-# K by live batch size for the default pair: the table `python -m rollout tune --max-num-seqs 512` measured on the
-# 2-core CPU this project is developed on (2 torch threads, every K timed on rollouts at batch sizes 1..512), made
-# non-increasing in the batch size; from 91 running requests up no K beat no speculation by 2%. Re-run tune on other
-# hardware (a GPU's crossover lies about ten times higher).
-DEFAULT_SCHEDULE = [[1, 1, 8], [2, 4, 4], [5, 22, 2], [23, 90, 1], [91, 512, 0]]
 DEFAULT_NUM_PROMPTS = 32  # tune's acceptance rollout
 GENERATE_DEFAULTS = {"num_generations": 8, "max_tokens": 320, "max_num_seqs": 128,  # one GRPO generation batch of
                      "max_num_seqs_help": "running requests at most"}  # the default task, long tail included, at once
 GENERATE_NUM_PROMPTS = 16
 TUNE_DEFAULTS = {"num_generations": 4, "max_tokens": 64, "max_num_seqs": 256,  # steady batches: tune times each size
                  "max_num_seqs_help": "the largest batch size the schedule covers"}
-DEFAULT_MIN_GAIN = 1.02  # spec.adaptive.tuning.MIN_GAIN, written out so that --help does not import torch
 K_LEGEND = ("K by batch size: as the batch drains (completions finish), for each range of running requests, the "
             "number of draft tokens per request most often used there (the schedule's K; 0 = no speculation) and "
             "the engine steps that ran at those sizes")
@@ -33,12 +27,6 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         return action.help if "default:" in (action.help or "") else super()._get_help_string(action)
-
-
-def default_speculative_config(draft_model: str | None = None) -> dict:
-    """The draft model (default: the shipped draft) with K = 8 and DEFAULT_SCHEDULE."""
-    return {"method": "draft_model", "model": draft_model or default_model_paths()["draft"],
-            "num_speculative_tokens": 8, "num_speculative_tokens_per_batch_size": DEFAULT_SCHEDULE}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,7 +115,7 @@ def _positive_int(text: str) -> int:
 def speculative_config_from_args(args) -> dict | None:
     if args.speculative_config is None:
         if args.draft_model is not None:
-            return default_speculative_config(args.draft_model)
+            return default_speculative_config(draft_model=args.draft_model)
         return default_speculative_config() if args.model == "default" else None
     if args.speculative_config.strip().lower() == "none":
         return None

@@ -82,16 +82,16 @@ def main(argv: list[str]) -> int:
 
 def _default_pair(args: list[str], known: argparse.Namespace) -> list[str]:
     """args with `--model default` made the shipped target's folder, plus the default speculative config (the
-    shipped draft, rollout.cli's schedule) unless one is given; `known` is updated to match."""
+    shipped draft, rollout.defaults' schedule for vLLM) unless one is given; `known` is updated to match."""
     if known.model != "default":
         return args
-    from rollout.cli import default_speculative_config
     from rollout.default_models import default_model_paths
+    from rollout.defaults import default_speculative_config
     known.model = default_model_paths()["target"]
     args = [known.model if a == "default" and i > 0 and args[i - 1] == "--model" else a for i, a in enumerate(args)]
     args = [f"--model={known.model}" if a == "--model=default" else a for a in args]
     if known.speculative_config is None:
-        known.speculative_config = json.dumps(default_speculative_config())
+        known.speculative_config = json.dumps(default_speculative_config(backend="vllm"))
         args += ["--speculative-config", known.speculative_config]
     return args
 

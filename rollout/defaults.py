@@ -1,0 +1,25 @@
+"""The library's defaults: the speculative config each backend runs when the user names none, and the schedule
+tuner's minimum gain. The CLI, `rollout serve`, the examples and the docs all read them here.
+
+No heavy import (torch, transformers): `python -m rollout --help` reads these.
+"""
+
+from rollout.default_models import default_model_paths
+
+# K by live batch size for the default pair: the table `python -m rollout tune --max-num-seqs 512` measured on the
+# 2-core CPU this project is developed on (2 torch threads, every K timed on rollouts at batch sizes 1..512), made
+# non-increasing in the batch size; from 91 running requests up no K beat no speculation by 2%. Re-run tune on other
+# hardware (a GPU's crossover lies about ten times higher).
+DEFAULT_SCHEDULE = [[1, 1, 8], [2, 4, 4], [5, 22, 2], [23, 90, 1], [91, 512, 0]]
+# spec.tuning.MIN_GAIN, written out so that the CLI's --help does not import torch (tests/test_cli.py checks both)
+DEFAULT_MIN_GAIN = 1.02
+BACKENDS = ("embedded", "vllm", "server")
+
+
+def default_speculative_config(backend: str = "embedded", draft_model: str | None = None) -> dict:
+    """The speculative config that measured fastest for the default pair on `backend`: the draft model (default:
+    the shipped draft) with K = 8 and DEFAULT_SCHEDULE. A fresh dict: change it freely."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: choose one of {list(BACKENDS)}")
+    return {"method": "draft_model", "model": draft_model or default_model_paths()["draft"],
+            "num_speculative_tokens": 8, "num_speculative_tokens_per_batch_size": [list(r) for r in DEFAULT_SCHEDULE]}
