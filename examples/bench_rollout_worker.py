@@ -29,8 +29,6 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts  # noqa: E402
 from rollout.defaults import DEFAULT_SCHEDULE  # noqa: E402
-from spec import SpecConfig, StaticPolicy  # noqa: E402
-from spec.adaptive import AdaptivePolicy, ConfidenceCalibrator, StepCostModel  # noqa: E402
 
 MAX_K = 8
 STATIC_KS = (1, 2, 4, 8)
@@ -88,7 +86,7 @@ class Arms:
         self.args, self.names = args, names
         self.device, self.dtype = torch.device(args.device), getattr(torch, args.dtype)
         self.embedded = [n for n in names if not n.startswith(("vllm_", "trl_"))]
-        self.generator = self.policies = None
+        self.generator = self.speculations = None
         if self.embedded:
             self._build_embedded()
         elif names[0].startswith("vllm_"):
@@ -99,24 +97,21 @@ class Arms:
         self._outputs = tempfile.mkdtemp()
 
     def _build_embedded(self) -> None:
+        """One generator (one target and KV cache) for every embedded arm; each arm's drafter and policy take turns
+        on it (build_speculation / use_speculation), each policy recorded."""
         tuned = json.loads(Path(self.args.tuned_config).read_text())["num_speculative_tokens_per_batch_size"] \
             if self.args.tuned_config else None
-        self.configs = {name: embedded_configs(tuned)[name] for name in self.embedded}
-        base = embedded_configs(None)["adaptive"]
-        self.generator = RolloutGenerator("default", speculative_config=base, max_num_seqs=self.args.max_rows,
+        configs = {name: embedded_configs(tuned)[name] for name in self.embedded}
+        self.generator = RolloutGenerator("default", speculative_config=None, max_num_seqs=self.args.max_rows,
                                           max_model_len=self.args.max_model_len, device=self.device,
                                           dtype=self.dtype, seed=self.args.seed)
-        costs = self.generator.backend.policy.costs.to_dict()  # measured once; every adaptive arm starts from it
-        self.policies = {name: AdaptivePolicy(ConfidenceCalibrator(max_positions=MAX_K), StepCostModel.from_dict(costs))
-                         if config and config.get("enable_adaptive_verification") else StaticPolicy()
-                         for name, config in self.configs.items()}
-        self.policies = {name: Recorded(policy) for name, policy in self.policies.items()}
+        self.speculations = {name: self.generator.build_speculation(config) for name, config in configs.items()}
+        for speculation in self.speculations.values():
+            speculation.policy = Recorded(speculation.policy)
 
     def use(self, arm: str) -> None:
         if arm in self.embedded:
-            config = self.configs[arm]
-            self.generator.backend.config = None if config is None else SpecConfig.from_dict(config)
-            self.generator.backend.policy = self.policies[arm]
+            self.generator.use_speculation(self.speculations[arm])
 
     def run(self, arm: str, num_prompts: int, num_generations: int, prompt_seed: int) -> dict:
         self.use(arm)
@@ -128,7 +123,7 @@ class Arms:
         reply = {"arm": arm, "seconds": seconds, "num_tokens": sum(map(len, completions)),
                  "lengths": [len(c) for c in completions], "steps": [], "stats": {}}
         if arm in self.embedded:
-            reply["steps"] = self.policies[arm].steps
+            reply["steps"] = self.speculations[arm].policy.steps
         for mode in ("train", "eval"):  # the callback logs under the policy's mode
             metrics = trainer._metrics[mode]
             reply["stats"].update({key: values[-1] for key, values in metrics.items()
@@ -148,8 +143,8 @@ class Arms:
                                 num_generations=num_generations, max_completion_length=self.args.max_completion_length,
                                 temperature=1.0, bf16=False, report_to=[], save_strategy="no", seed=self.args.seed,
                                 use_cpu=self.device.type == "cpu")
-            rollout_func = None if key[0] == "trl" else self.generator
-            callbacks = [] if rollout_func is None else [SpecRolloutCallback(rollout_func)]
+            callbacks = [] if key[0] == "trl" else [SpecRolloutCallback(self.generator)]
+            rollout_func = callbacks[0].rollout_func if callbacks else None
             dataset = Dataset.from_dict({"prompt": default_prompts(num_prompts, seed=self.args.seed)})
             self.trainers[key] = GRPOTrainer(
                 model=self._policy(), reward_funcs=lambda prompts, completions, **kw: [

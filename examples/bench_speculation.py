@@ -308,7 +308,7 @@ def main() -> None:
         generators = {name: RolloutGenerator(target, tokenizer=tokenizer, draft_model=draft if config else None,
                                              speculative_config=config, max_num_seqs=max(batch_sizes))
                           for name, config in arms().items()}
-        costs = generators["adaptive"].backend.policy.costs  # measured at start-up on this machine (or the disk cache)
+        costs = generators["adaptive"].measure_step_times()  # the step-cost model, measured on this machine
         runners = {name: _engine_arm(g) for name, g in generators.items()}
         if workload == "default":
             runners["hf_generate"] = _hf_arm(target, tokenizer)

@@ -147,7 +147,7 @@ def main(argv=None) -> dict:
     trainer = GRPOTrainer(model=policy, reward_funcs=reward_correct, args=config,
                           train_dataset=Dataset.from_dict({"prompt": problems}),
                           processing_class=AutoTokenizer.from_pretrained(paths["target"]),
-                          rollout_func=generator, callbacks=[callback, PrintProgress(args.max_steps)])
+                          rollout_func=callback.rollout_func, callbacks=[callback, PrintProgress(args.max_steps)])
     trainer.remove_callback(PrinterCallback)  # PrintProgress prints the lines that matter instead of every log
     held_out = default_prompts(args.num_held_out, seed=HELD_OUT_SEED)
     evaluated = problems[:args.num_eval_problems]

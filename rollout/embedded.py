@@ -9,21 +9,41 @@ measurement, spec/adaptive/cost_profile.py) and refined from the step times of e
 import copy
 import itertools
 import time
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
 
 from rollout.engine import Engine
 from rollout.loading import check_same_vocab, default_max_model_len, eos_token_ids, load_model
-from rollout.outputs import RolloutBatch, Sample
+from rollout.outputs import RolloutBatch, Sample, build_batch
 from rollout.request import Request
 from rollout.sampling_params import SamplingParams, mix_seed
-from rollout.weights import load_weights
-from spec import PositionUniforms, RequestAcceptance, SpecConfig, StaticPolicy, build_proposer
+from rollout.weights import load_weights, no_draft_model
+from spec import (BatchSizeSchedule, PositionUniforms, Proposer, RequestAcceptance, SpecConfig, SpeculationPolicy,
+                  StaticPolicy, build_proposer)
 from spec.adaptive import AdaptivePolicy, ConfidenceCalibrator, StepCostModel, cost_profile
 from spec.model_runner import build_runner
 
 _COST_SAVE_INTERVAL_S = 60.0  # refined step costs go back to the disk cache at most this often
+NO_SPECULATION = BatchSizeSchedule([[1, 1, 0]], num_speculative_tokens=0)  # K = 0 at every batch size
+
+
+@dataclass
+class Speculation:
+    """What drafts and decides on the embedded engine: the speculative config (None: no speculation), its drafter
+    and its speculation policy. `RolloutGenerator.build_speculation` makes one; `use_speculation` runs it, so that
+    several configs take turns on one loaded target (each keeps its drafter's and policy's state)."""
+
+    config: SpecConfig | None
+    proposer: Proposer | None
+    policy: SpeculationPolicy
+    cost_key: dict | None = None  # the disk-cache key of the step costs measured for it (adaptive verification)
+    cost_saved_at: float | None = None  # when its refined costs last went back to the disk cache
+
+    @property
+    def schedule(self) -> BatchSizeSchedule:
+        return NO_SPECULATION if self.config is None else self.config.schedule
 
 
 class EmbeddedBackend:
@@ -31,49 +51,61 @@ class EmbeddedBackend:
     None: measured here, or loaded from the disk cache, and refined from every call's step times.
     max_drafter_faults: drafter faults a call tolerates before it stops drafting (rollout/engine.py)."""
 
+    is_shared = False  # one engine per trainer process
+    base_url = None
+
     def __init__(self, model, config: SpecConfig | None, *, draft_model=None, max_num_seqs: int,
                  max_model_len: int | None, device: torch.device, dtype: torch.dtype, step_costs=None,
                  max_drafter_faults: int = 8):
-        user_costs = None if step_costs is None else _as_step_costs(step_costs)  # a bad table fails before loading
+        self._user_costs = None if step_costs is None else _as_step_costs(step_costs)  # fails before loading
         if type(max_drafter_faults) is not int or max_drafter_faults < 0:
             raise ValueError(f"max_drafter_faults={max_drafter_faults!r}: must be an integer >= 0 (drafter faults a "
                              "call tolerates before it stops drafting; 0 makes the first one fail the call)")
         self.max_drafter_faults = max_drafter_faults
-        self.config = config
         self.device, self.dtype = device, dtype
         self.max_num_seqs = max_num_seqs
+        self.target_source = model
         self.model = load_model(model, device, dtype, field="model")
         self.max_model_len = default_max_model_len(self.model.config, max_model_len)
         self.eos_token_ids = eos_token_ids(self.model.generation_config, self.model.config)
         self.runner = build_runner(self.model, max_num_seqs, self.max_model_len, device, dtype)
-        self.draft_model = None
-        if config is not None and config.method == "draft_model":
-            self.draft_model = load_model(draft_model if draft_model is not None else config.model, device, dtype,
-                                          field="draft_model")
-            check_same_vocab(self.model, self.draft_model)
-        self.proposer = None if config is None else build_proposer(
-            config, draft_model=self.draft_model, max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
-            device=device, dtype=dtype)
-        self.policy = StaticPolicy()
-        self._cost_key = None  # the disk-cache key of measured step costs
-        self._cost_saved_at = None  # when refined costs last went back to the disk cache
-        if config is not None and config.enable_adaptive_verification:
-            self.policy = self._adaptive_policy(user_costs)
+        self._draft_models: dict = {}  # draft folder (or a loaded model's id) -> the loaded draft model
+        self.speculation = self.build_speculation(config, draft_model)
         self._ids = itertools.count()  # request and prompt-group ids, unique across calls
 
-    is_shared = False  # one engine per trainer process
+    @property
+    def config(self) -> SpecConfig | None:
+        return self.speculation.config
 
-    def k_for_batch_size(self, batch_size: int) -> int:
-        return 0 if self.config is None else self.config.k_for_batch_size(batch_size)
+    def build_speculation(self, config: SpecConfig | None, draft_model=None) -> Speculation:
+        """A drafter and policy for `config` on this target: a draft model already loaded for another speculation
+        is shared (`draft_model`, a folder or loaded model, overrides config.model)."""
+        if config is None:
+            return Speculation(None, None, StaticPolicy())
+        loaded = self._draft_model(config, draft_model) if config.method == "draft_model" else None
+        proposer = build_proposer(config, draft_model=loaded, max_num_seqs=self.max_num_seqs,
+                                  max_model_len=self.max_model_len, device=self.device, dtype=self.dtype)
+        speculation = Speculation(config, proposer, StaticPolicy())
+        if config.enable_adaptive_verification:
+            speculation.policy = AdaptivePolicy(ConfidenceCalibrator(max_positions=config.num_speculative_tokens),
+                                                refine=self._user_costs is None)
+            speculation.policy.costs = self._user_costs or self._measure_step_costs(speculation)
+        return speculation
+
+    def use_speculation(self, speculation: Speculation) -> None:
+        if not isinstance(speculation, Speculation):
+            raise ValueError(f"speculation={speculation!r}: pass what build_speculation returned")
+        self.speculation = speculation
 
     def use_schedule(self, schedule: list[list[int]]) -> None:
         """Follow `schedule` ([[start, end, K], ...]) from the next call on; the drafter drafts as many tokens as each
         step asks for, so only the config changes (what `rollout tune` times)."""
-        self.config = self.config.with_schedule(schedule)
+        self.speculation.config = self.config.with_schedule(schedule)
 
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams, seed: int,
                  decode, use_tqdm: bool) -> RolloutBatch:
-        engine = Engine(self.runner, self.proposer, self.policy, self.k_for_batch_size,
+        speculation = self.speculation
+        engine = Engine(self.runner, speculation.proposer, speculation.policy, speculation.schedule.k_for_batch_size,
                         max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                         vocab_size=self.model.config.vocab_size, max_drafter_faults=self.max_drafter_faults)
         requests = self._requests(prompt_ids, num_generations, params, seed)
@@ -81,7 +113,7 @@ class EmbeddedBackend:
             engine.add(request)
         with tqdm(total=len(requests), desc="rollouts", unit="sample", disable=not use_tqdm) as bar:
             elapsed = engine.run(on_finish=lambda r: bar.update(1))  # a failed run releases what it held
-        self._save_step_costs()
+        self._save_step_costs(speculation)
         return self._batch(requests, engine, elapsed, decode)
 
     def load_weights(self, named_tensors) -> int:
@@ -93,34 +125,42 @@ class EmbeddedBackend:
     def draft_model_copy(self) -> torch.nn.Module:
         return copy.deepcopy(self._drafter_model())
 
-    def measure_step_costs(self, refresh: bool = False):
-        """The step-cost model of these models on this hardware (spec/adaptive/step_cost.py): from the disk cache,
-        or measured now (seconds on small models) and cached; refresh=True measures anew."""
-        self._cost_key = cost_profile.cache_key(self.model, self.draft_model, self.dtype, self.device,
-                                                self.max_num_seqs, self.config.num_speculative_tokens + 1)
-        drafter = self.proposer if self.draft_model is not None else None  # model-free drafters: no draft cost
-        return cost_profile.load_or_profile(self._cost_key, self.runner, drafter, self.max_model_len, refresh=refresh)
+    def measure_step_times(self, prompt_ids=None, batch_sizes=None, ks=None) -> StepCostModel:
+        """The step-cost model of these models on this hardware (spec/adaptive/step_cost.py), measured anew and
+        cached: its curves price any batch size and K, so the arguments are not needed."""
+        return self._measure_step_costs(self.speculation, refresh=True)
 
-    def _adaptive_policy(self, user_costs: StepCostModel | None) -> AdaptivePolicy:
-        policy = AdaptivePolicy(ConfidenceCalibrator(max_positions=self.config.num_speculative_tokens),
-                                refine=user_costs is None)
-        policy.costs = user_costs or self.measure_step_costs()
-        return policy
+    def _measure_step_costs(self, speculation: Speculation, refresh: bool = False) -> StepCostModel:
+        """From the disk cache, or measured now (seconds on small models) and cached; refresh=True measures anew."""
+        drafter = speculation.proposer if speculation.config.method == "draft_model" else None  # model-free: free
+        speculation.cost_key = cost_profile.cache_key(
+            self.model, None if drafter is None else drafter.runner.model, self.dtype, self.device,
+            self.max_num_seqs, speculation.config.num_speculative_tokens + 1)
+        return cost_profile.load_or_profile(speculation.cost_key, self.runner, drafter, self.max_model_len,
+                                            refresh=refresh)
 
-    def _save_step_costs(self) -> None:
+    def _save_step_costs(self, speculation: Speculation) -> None:
         """Write refined step costs to the disk cache: after the first call, then at most once a minute."""
-        if self._cost_key is None or not getattr(self.policy, "refine", False):
+        if speculation.cost_key is None or not getattr(speculation.policy, "refine", False):
             return
-        if self._cost_saved_at is None or time.monotonic() - self._cost_saved_at > _COST_SAVE_INTERVAL_S:
-            cost_profile.save(self.policy.costs, self._cost_key)
-            self._cost_saved_at = time.monotonic()
+        saved_at = speculation.cost_saved_at
+        if saved_at is None or time.monotonic() - saved_at > _COST_SAVE_INTERVAL_S:
+            cost_profile.save(speculation.policy.costs, speculation.cost_key)
+            speculation.cost_saved_at = time.monotonic()
+
+    def _draft_model(self, config: SpecConfig, draft_model) -> torch.nn.Module:
+        source = draft_model if draft_model is not None else config.model
+        key = source if isinstance(source, str) else id(source)
+        if key not in self._draft_models:
+            loaded = load_model(source, self.device, self.dtype, field="draft_model")
+            check_same_vocab(self.model, loaded)
+            self._draft_models[key] = loaded
+        return self._draft_models[key]
 
     def _drafter_model(self) -> torch.nn.Module:
-        runner = getattr(self.proposer, "runner", None)
+        runner = getattr(self.speculation.proposer, "runner", None)
         if runner is None:
-            method = self.config.method if self.config is not None else None
-            raise ValueError(f"the speculative method is {method!r}, which has no draft model; drafter weights need "
-                             "method 'draft_model'")
+            raise no_draft_model(self.config)
         return runner.model
 
     def _requests(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams,
@@ -141,20 +181,13 @@ class EmbeddedBackend:
     def _batch(self, requests: list[Request], engine: Engine, elapsed: float, decode) -> RolloutBatch:
         samples = [Sample(r.prompt_index, r.sample_index, r.prompt_ids, r.output_ids, r.logprobs,
                           decode(r.output_ids), r.finish_reason, r.acceptance.to_dict()) for r in requests]
-        num_tokens = sum(len(s.completion_ids) for s in samples)
-        total = engine.stats.total
-        num_verified = len(total.k_per_step) + total.num_draft_tokens  # each row-step verifies k + 1 tokens
-        policy = self.policy.stats()
-        stats = {**engine.stats.to_dict(), **policy, "num_steps": engine.num_steps,
-                 "num_proposed_draft_tokens": engine.num_proposed_drafts, "num_completion_tokens": num_tokens,
-                 "num_drafter_faults": engine.num_drafter_faults,
-                 "verified_tokens_per_emitted_token": num_verified / max(num_tokens, 1),
-                 "elapsed_s": elapsed, "tokens_per_s": num_tokens / max(elapsed, 1e-9)}
-        metrics = {**engine.stats.to_metrics(), "spec/rollout_tokens_per_s": stats["tokens_per_s"],
-                   "spec/verified_tokens_per_emitted_token": stats["verified_tokens_per_emitted_token"],
-                   "spec/num_drafter_faults": float(engine.num_drafter_faults),
+        policy = self.speculation.policy.stats()
+        stats = {**policy, "num_proposed_draft_tokens": engine.num_proposed_drafts,
+                 "num_drafter_faults": engine.num_drafter_faults}
+        metrics = {"spec/num_drafter_faults": float(engine.num_drafter_faults),
                    **{f"spec/{name}": float(value) for name, value in policy.items()}}
-        return RolloutBatch(samples, stats, metrics)
+        return build_batch(samples, engine.stats, num_row_steps=len(engine.stats.total.k_per_step),
+                           num_steps=engine.num_steps, elapsed=elapsed, stats=stats, metrics=metrics)
 
 
 def _as_step_costs(step_costs) -> StepCostModel:

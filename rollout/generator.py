@@ -5,9 +5,9 @@ import gc
 import threading
 
 from rollout.arguments import as_spec_config, check_call_args, check_generator_args, model_vocab_size
-from rollout.backend import Backend
+from rollout.backend import Backend, build_backend
 from rollout.default_models import default_model_paths
-from rollout.loading import default_device_dtype, load_tokenizer
+from rollout.loading import load_tokenizer
 from rollout.outputs import RolloutBatch
 from rollout.prompts import to_token_ids
 from rollout.sampling_params import SamplingParams, mix_seed
@@ -61,20 +61,14 @@ class RolloutGenerator:
                              max_model_len=max_model_len, device=device, seed=seed, backend=backend,
                              vllm_kwargs=vllm_kwargs, step_costs=step_costs, base_url=base_url,
                              server_kwargs=server_kwargs, speculative_config=speculative_config)
-        if backend == "server":
-            from rollout.server_backend import ServerBackend
-            self.backend: Backend = ServerBackend(base_url, model=model, draft_model=draft_model, tokenizer=tokenizer,
-                                                  **(server_kwargs or {}))
-            model = self.backend.model_path
-        else:
-            config = as_spec_config(speculative_config, draft_model)  # bad config fails before any loading
-            self.backend = _build_backend(backend, model, config, draft_model=draft_model,
-                                          max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device,
-                                          dtype=dtype, seed=seed, step_costs=step_costs, vllm_kwargs=vllm_kwargs,
-                                          max_drafter_faults=max_drafter_faults)
-        self.tokenizer = load_tokenizer(model, tokenizer)
-        self.vocab_size = None if model is None else model_vocab_size(model)
-        self.max_num_seqs = getattr(self.backend, "max_num_seqs", max_num_seqs)
+        self.backend: Backend = build_backend(
+            backend, model, speculative_config, draft_model=draft_model, tokenizer=tokenizer,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device, dtype=dtype, seed=seed,
+            step_costs=step_costs, vllm_kwargs=vllm_kwargs, base_url=base_url, server_kwargs=server_kwargs,
+            max_drafter_faults=max_drafter_faults)
+        target = self.backend.target_source
+        self.tokenizer = load_tokenizer(target, tokenizer)
+        self.vocab_size = None if target is None else model_vocab_size(target)
         self.seed = seed
         self.num_calls = 0
         self._lock = threading.Lock()  # the backend's caches serve one call, and call seeds count calls
@@ -89,11 +83,22 @@ class RolloutGenerator:
         return self.backend.max_model_len
 
     @property
+    def max_num_seqs(self) -> int:
+        return self.backend.max_num_seqs
+
+    @property
     def eos_token_ids(self) -> set[int]:
         return set(self.backend.eos_token_ids)
 
-    def k_for_batch_size(self, batch_size: int) -> int:
-        return 0 if self.config is None else self.config.k_for_batch_size(batch_size)
+    @property
+    def is_shared(self) -> bool:
+        """Several trainer processes share this generator's engine (a server): one of them writes its weights."""
+        return self.backend.is_shared
+
+    @property
+    def base_url(self) -> str | None:
+        """The shared engine's address (backend="server"); None otherwise."""
+        return self.backend.base_url
 
     def generate(self, prompts, num_generations: int = 1, sampling_params: SamplingParams | None = None,
                  use_tqdm: bool = True) -> RolloutBatch:
@@ -123,44 +128,47 @@ class RolloutGenerator:
         with self._lock:
             return self.backend.load_draft_weights(named_tensors)
 
+    def draft_model_copy(self):
+        """A trainable copy of the draft model as it runs now (method "draft_model"): what the drafter refresh
+        distils before loading it back with load_draft_weights."""
+        with self._lock:
+            return self.backend.draft_model_copy()
+
+    def use_schedule(self, schedule: list[list[int]]) -> None:
+        """Follow `schedule` ([[start, end, K], ...], the rules of num_speculative_tokens_per_batch_size) from the next
+        call on, on the same engine and models. backend="vllm" needs an engine built with a schedule; a server keeps
+        the one it was started with (NotImplementedError)."""
+        with self._lock:
+            self.backend.use_schedule(schedule)
+
+    def build_speculation(self, speculative_config):
+        """A drafter and speculation policy for `speculative_config` (as the constructor takes it; None: none) on
+        this generator's loaded target, to run with use_speculation: several configs then take turns on one target
+        and one KV cache, each keeping its drafter's and policy's state (benchmarks, A/B runs). A draft model already
+        loaded is shared. Embedded backend only (NotImplementedError on vLLM, built with its config)."""
+        config = as_spec_config(speculative_config, None)
+        with self._lock:
+            return self.backend.build_speculation(config)
+
+    def use_speculation(self, speculation) -> None:
+        """Run `speculation` (from build_speculation) from the next call on."""
+        with self._lock:
+            self.backend.use_speculation(speculation)
+
+    def measure_step_times(self, prompt_ids: list[list[int]] | None = None, batch_sizes: list[int] | None = None,
+                           ks: list[int] | None = None):
+        """This engine's step seconds by batch size and K (a spec.tuning.StepTimes), what `rollout tune` predicts
+        from: the embedded engine's cost curves measured anew (and cached; it needs no arguments), or vLLM's whole
+        steps timed on batches of prompt_ids at each batch size and K."""
+        with self._lock:
+            return self.backend.measure_step_times(prompt_ids, batch_sizes, ks)
+
     def _call_seed(self, params: SamplingParams) -> int:
         """The base seed of this call's completions: the params' seed, else one derived from (seed, call number)."""
         return mix_seed(self.seed, self.num_calls) if params.seed is None else params.seed
 
     def _decode(self, ids: list[int]) -> str | None:
         return None if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    # Trainer integration. Hooks are objects with before_rollout(trainer) and after_rollout(trainer, batch), run around
-    # each rollout for a trainer (trainers.SpecRolloutCallback registers one).
-    rollout_hooks: tuple = ()
-    # The function that runs a rollout for a trainer: (generator, prompts, trainer) -> the trainer's dict. The
-    # `trainers` package registers TRL's when imported (trainers/rollout_func.py); rollout knows no trainer.
-    trainer_adapter = None
-
-    def __call__(self, prompts: list, trainer) -> dict:
-        """The rollout function of a trainer, e.g. `trl.GRPOTrainer(rollout_func=generator)` (trainers/)."""
-        if RolloutGenerator.trainer_adapter is None:
-            raise RuntimeError("RolloutGenerator is called as a trainer's rollout function, but no trainer adapter is "
-                               "registered: import trainers (e.g. callbacks=[trainers.SpecRolloutCallback(generator)]"
-                               ", which also syncs the policy's weights into the generator)")
-        return RolloutGenerator.trainer_adapter(self, prompts, trainer)
-
-    def add_rollout_hook(self, hook) -> None:
-        self.rollout_hooks = (*self.rollout_hooks, hook)
-
-
-def _build_backend(backend: str, model, config: SpecConfig | None, *, draft_model, max_num_seqs: int,
-                   max_model_len: int | None, device, dtype, seed: int, step_costs, vllm_kwargs,
-                   max_drafter_faults: int) -> Backend:
-    if backend == "embedded":
-        from rollout.embedded import EmbeddedBackend
-        device, dtype = default_device_dtype(device, dtype)
-        return EmbeddedBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs,
-                               max_model_len=max_model_len, device=device, dtype=dtype, step_costs=step_costs,
-                               max_drafter_faults=max_drafter_faults)
-    from rollout.vllm_backend import VLLMBackend
-    return VLLMBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                       dtype=dtype, seed=seed, vllm_kwargs=vllm_kwargs)
 
 
 def _freeze_heap() -> None:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
 
 def default_device_dtype(device, dtype) -> tuple[torch.device, torch.dtype]:
@@ -92,3 +92,11 @@ def eos_token_ids(generation_config, config) -> set[int]:
     eos = generation_config.eos_token_id if generation_config is not None else None
     eos = config.eos_token_id if eos is None else eos
     return set(eos) if isinstance(eos, (list, tuple)) else ({eos} if eos is not None else set())
+
+
+def generation_config(path: str) -> GenerationConfig | None:
+    """The generation config saved in a model folder (EOS ids), None where there is none."""
+    try:
+        return GenerationConfig.from_pretrained(path, local_files_only=True)
+    except OSError:
+        return None

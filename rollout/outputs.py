@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from spec import AcceptanceStats
+
 
 @dataclass
 class Sample:
@@ -23,3 +25,18 @@ class RolloutBatch:
     samples: list[Sample]
     stats: dict = field(default_factory=dict)  # acceptance aggregate + throughput (see RolloutGenerator)
     metrics: dict = field(default_factory=dict)  # flat `spec/...` scalars for trainer logs
+
+
+def build_batch(samples: list[Sample], acceptance: AcceptanceStats, *, num_row_steps: int, num_steps: int,
+                elapsed: float, stats: dict | None = None, metrics: dict | None = None) -> RolloutBatch:
+    """The batch with the stats and `spec/...` metrics every backend reports, plus a backend's own `stats` and
+    `metrics`. num_row_steps: the (request, step) pairs, each of which verified its drafts + 1 tokens."""
+    num_tokens = sum(len(s.completion_ids) for s in samples)
+    verified = (num_row_steps + acceptance.total.num_draft_tokens) / max(num_tokens, 1)
+    tokens_per_s = num_tokens / max(elapsed, 1e-9)
+    stats = {**acceptance.to_dict(), "num_steps": num_steps, "num_completion_tokens": num_tokens,
+             "verified_tokens_per_emitted_token": verified, "elapsed_s": elapsed, "tokens_per_s": tokens_per_s,
+             **(stats or {})}
+    metrics = {**acceptance.to_metrics(), "spec/rollout_tokens_per_s": tokens_per_s,
+               "spec/verified_tokens_per_emitted_token": verified, **(metrics or {})}
+    return RolloutBatch(samples, stats, metrics)

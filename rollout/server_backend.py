@@ -38,28 +38,21 @@ from urllib.parse import urlsplit
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
-from rollout.loading import eos_token_ids, load_tokenizer
+from rollout.loading import eos_token_ids, generation_config, load_tokenizer
 from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams, mix_seed
 from rollout.server_http import ServerClient, ServerError
-from rollout.vllm_backend.batch import (acceptance_record, counters_from_records, difference, make_sample,
-                                        rollout_batch)
-from rollout.vllm_backend.engine_args import generation_config
-from rollout.weights import parameter_skeleton, stage_weights
+from rollout.vllm_common import (VLLMCommon, acceptance_record, counters_from_records, difference, engine_counters,
+                                 make_sample, vllm_batch)
 from spec import SpecConfig
 
 _SPEC_KEYS = ("method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size")
-_COUNTERS = {"vllm:spec_decode_num_drafts_total": "num_spec_steps",
-             "vllm:spec_decode_num_draft_tokens_total": "num_draft_tokens",
-             "vllm:spec_decode_num_accepted_tokens_total": "num_accepted_draft_tokens",
-             "vllm:iteration_tokens_total_count": "num_steps"}
-_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 _START_TIME = "process_start_time_seconds"
 
 
-class ServerBackend:
+class ServerBackend(VLLMCommon):
     """A vLLM server at base_url.
 
     model, draft_model: local copies of the server's model folders (default: its own paths, if they exist here).
@@ -88,7 +81,7 @@ class ServerBackend:
         self.dtype = getattr(torch, vllm_config["model_config"]["dtype"].removeprefix("torch."))
         self.has_request_metrics = vllm_config["observability_config"]["per_request_spec_decode_metrics"] == "detailed"
         _check_logprobs_mode(vllm_config["model_config"]["logprobs_mode"], self.client.base_url)
-        self.model_path = _local_copy(model, served.get("root") or served["id"], "model")
+        self.model_path = self.target_source = _local_copy(model, served.get("root") or served["id"], "model")
         server_draft = self.config.model if self.config is not None and self.config.method == "draft_model" else None
         self.draft_path = _local_copy(draft_model, server_draft, "draft_model") if server_draft else None
         self.eos_token_ids = _eos_ids(self.model_path, tokenizer, self.client.base_url)
@@ -120,24 +113,28 @@ class ServerBackend:
         counters = difference(self._counters(after), self._counters(before))
         if self.has_request_metrics:
             counters.update(counters_from_records(records, self.num_spec_tokens))
-        return rollout_batch(samples, records, counters, elapsed)
+        return vllm_batch(samples, records, counters, elapsed)
 
     def load_weights(self, named_tensors) -> int:
         """Check and stage the target's weights, write them under weights_dir, have the server reload them in place
         (vLLM's reload_weights), drop its prefix cache. All or nothing up to the server's reload."""
-        folder, num_given = self._write("target", self._require(self.model_path, "model"), named_tensors)
+        folder, num_given = self._write("target", named_tensors)
         self._reload("target", folder)
         return num_given
 
     def load_draft_weights(self, named_tensors) -> int:
         """Likewise for the draft model (the worker extension's reload_draft_weights)."""
-        folder, num_given = self._write("draft", self._draft_folder(), named_tensors)
+        folder, num_given = self._write("draft", named_tensors)
         self._reload("draft", folder)
         return num_given
 
-    def draft_model_copy(self) -> torch.nn.Module:
-        """The draft folder's model, float32 on the CPU (not draft weights loaded into the server since)."""
-        return AutoModelForCausalLM.from_pretrained(self._draft_folder(), dtype=torch.float32, local_files_only=True)
+    def use_schedule(self, schedule: list[list[int]]) -> None:
+        raise NotImplementedError("backend='server' runs the schedule the server was started with; restart it with "
+                                  "--speculative-config holding the new num_speculative_tokens_per_batch_size")
+
+    def measure_step_times(self, prompt_ids: list[list[int]], batch_sizes: list[int], ks: list[int]):
+        raise NotImplementedError("step times are measured on an engine in this process: run rollout tune --backend "
+                                  "vllm with the server's model and drafter, then restart the server with the schedule")
 
     def _body(self, prompt: list[int], params: SamplingParams, seed: int) -> dict:
         stop_ids = sorted(self.eos_token_ids | set(params.stop_token_ids or ()))
@@ -150,11 +147,11 @@ class ServerBackend:
         return self.client.post("/v1/completions", body, f"sample {key[1]} of prompt {key[0]}, "
                                                          f"{len(body['prompt'])} prompt tokens")
 
-    def _write(self, role: str, folder: str, named_tensors) -> tuple[str, int]:
-        """Stage the tensors against `folder`'s HF parameters, then write <weights_dir>/<role>/model.safetensors
-        (a temporary file renamed into place); (the folder written, the number of tensors given)."""
-        params, model_name = parameter_skeleton(folder)
-        staged, num_given = stage_weights(params, named_tensors, role, model_name, device="cpu", dtype=self.dtype)
+    def _write(self, role: str, named_tensors) -> tuple[str, int]:
+        """Stage the tensors against the role's folder (VLLMCommon.stage), then write
+        <weights_dir>/<role>/model.safetensors (a temporary file renamed into place); (the folder written, the number
+        of tensors given)."""
+        staged, num_given = self.stage("target" if role == "target" else "draft model", named_tensors)
         if self.weights_dir is None:
             self.weights_dir = Path(tempfile.mkdtemp(prefix="spec-rollouts-weights-"))
         out = self.weights_dir / urlsplit(self.base_url).netloc.replace(":", "_") / role  # a folder per server
@@ -195,17 +192,15 @@ class ServerBackend:
         return self.client.metrics()
 
     def _counters(self, metrics: dict) -> dict:
-        counters = {name: 0 for name in _COUNTERS.values()}
-        counters["num_accepted_per_position"] = [0] * self.num_spec_tokens
+        """The engine counters in /metrics' text form: `name_total{labels}` for counters, `name_count{labels}` for
+        the step histogram's observations."""
+        readings = []
         for key, value in metrics.items():
             name, _, labels = key.partition("{")
-            if name in _COUNTERS:
-                counters[_COUNTERS[name]] += int(value)
-            elif name == _PER_POSITION:
-                position = int(labels.split('position="')[1].split('"')[0])
-                if position < self.num_spec_tokens:
-                    counters["num_accepted_per_position"][position] += int(value)
-        return counters
+            base = name.removesuffix("_total") if name.endswith("_total") else name.removesuffix("_count")
+            position = int(labels.split('position="')[1].split('"')[0]) if 'position="' in labels else None
+            readings.append((base, position, value))
+        return engine_counters(readings, self.num_spec_tokens)
 
     def _served_model(self) -> dict:
         models = self.client.get("/v1/models", "the served model").get("data") or []
@@ -224,19 +219,6 @@ class ServerBackend:
                                   "/server_info and loads weights through /collective_rpc") from None
             raise
         return info["vllm_config"]
-
-    def _draft_folder(self) -> str:
-        if self.config is None or self.config.method != "draft_model":
-            method = self.config.method if self.config is not None else None
-            raise ValueError(f"the server's speculative method is {method!r}, which has no draft model; drafter "
-                             "weights need method 'draft_model'")
-        return self._require(self.draft_path, "draft_model")
-
-    def _require(self, path, field: str) -> str:
-        if path is None:
-            raise ValueError(f"{field}=None: the server's {field} folder is not on this machine; pass {field}=<a "
-                             f"local copy of it> to RolloutGenerator (needed for weight loads and drafter refresh)")
-        return path
 
     @staticmethod
     def _start_time(metrics: dict) -> float | None:

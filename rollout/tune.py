@@ -81,11 +81,8 @@ def _generator(args, static: dict) -> RolloutGenerator:
 def _step_costs(generator: RolloutGenerator, args, prompt_ids: list[list[int]], max_k: int):
     """The step-time model of the tuned engine: the embedded engine's measured cost curves (also cached for
     adaptive verification), or vLLM's whole steps timed at the batch-size grid and K = 0, powers of two, max K."""
-    if getattr(args, "backend", "embedded") == "embedded":
-        return generator.backend.measure_step_costs(refresh=True)
-    from rollout.vllm_backend.step_times import measure_step_times
     ks = sorted({0, max_k, *(2 ** i for i in range(max_k.bit_length()) if 2 ** i <= max_k)})
-    return measure_step_times(generator.backend, prompt_ids, doubling_grid(args.max_num_seqs), ks)
+    return generator.measure_step_times(prompt_ids, doubling_grid(args.max_num_seqs), ks)
 
 
 def prompt_picker(args):
@@ -133,7 +130,7 @@ def repeats_at(batch_size: int, repeats: int) -> int:
 
 def _use_k(generator: RolloutGenerator, k: int) -> RolloutGenerator:
     """The generator with K drafts at every batch size (0: none), on the same engine and models."""
-    generator.backend.use_schedule([[1, generator.max_num_seqs, k]])
+    generator.use_schedule([[1, generator.max_num_seqs, k]])
     return generator
 
 

@@ -72,3 +72,11 @@ def _check(role: str, model_name: str, name, param, tensor) -> None:
     if not tensor.is_floating_point():
         raise ValueError(f"weight {name!r} has dtype {tensor.dtype}; parameters take floating-point tensors (cast "
                          "from another float dtype is fine, from integers or bools it is not); nothing was loaded")
+
+
+def no_draft_model(config) -> ValueError:
+    """The error for a drafter-weight operation where the speculative method (config: a SpecConfig or None) has no
+    draft model."""
+    method = None if config is None else config.method
+    return ValueError(f"the speculative method is {method!r}, which has no draft model; drafter weights need method "
+                      "'draft_model'")

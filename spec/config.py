@@ -66,7 +66,8 @@ class SpecConfig:
     max_model_len: int | None = None
     parallel_drafting: bool = False
     use_heterogeneous_vocab: bool = False
-    schedule: BatchSizeSchedule | None = field(default=None, init=False, repr=False, compare=False)
+    # K by live batch size, parsed once: the per-batch-size ranges, else num_speculative_tokens at every size
+    schedule: BatchSizeSchedule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self._check_choice("method", EMBEDDED_METHODS + VLLM_ONLY_METHODS)
@@ -82,9 +83,8 @@ class SpecConfig:
         check_optional_int("max_model_len", self.max_model_len, 1, hint=" (None: the target's)")
         self._check_prompt_lookup()
         self._check_suffix()
-        if self.num_speculative_tokens_per_batch_size is not None:
-            self.schedule = BatchSizeSchedule(self.num_speculative_tokens_per_batch_size,
-                                              self.num_speculative_tokens)
+        ranges = self.num_speculative_tokens_per_batch_size or [[1, 1, self.num_speculative_tokens]]
+        self.schedule = BatchSizeSchedule(ranges, self.num_speculative_tokens)
 
     def _check_choice(self, name: str, choices: tuple) -> None:
         value = getattr(self, name)
@@ -176,12 +176,6 @@ class SpecConfig:
             raise NotImplementedError(
                 f"rejection_sample_method={self.rejection_sample_method!r} runs only on vLLM; the embedded "
                 "engine verifies losslessly with 'standard' (use backend=\"vllm\" for the others)")
-
-    def k_for_batch_size(self, batch_size: int) -> int:
-        """K for a step with `batch_size` running requests (num_speculative_tokens without a schedule)."""
-        if self.schedule is None:
-            return self.num_speculative_tokens
-        return self.schedule.k_for_batch_size(batch_size)
 
     def to_vllm(self) -> dict:
         """The `speculative_config` dict for `vllm.LLM`: method, K, and every key set away from its default that

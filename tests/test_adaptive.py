@@ -116,7 +116,7 @@ def test_measured_costs_work_and_are_cached(target, draft, plain_greedy, step_co
     [path] = set(step_cost_cache.glob("step_costs-*.json")) - cached_before  # measured, refined, cached
     refined = json.loads(path.read_text())["costs"]
     again = _generator(target, config, draft_model, step_costs=None)  # loads the refined table
-    assert again.backend.policy.costs.to_dict() == StepCostModel.from_dict(refined).to_dict()
+    assert again.backend.speculation.policy.costs.to_dict() == StepCostModel.from_dict(refined).to_dict()
 
 
 def test_allocation_never_exceeds_the_schedule_k(target, draft):
@@ -174,6 +174,6 @@ def test_a_cost_table_can_be_a_json_file(target, tmp_path):
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(MODERATE))
     generator = _generator(target, _config("ngram", prompt_lookup_min=1), step_costs=str(path))
-    assert generator.backend.policy.costs.to_dict() == StepCostModel.from_dict(MODERATE).to_dict()
+    assert generator.backend.speculation.policy.costs.to_dict() == StepCostModel.from_dict(MODERATE).to_dict()
 
 

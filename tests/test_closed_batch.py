@@ -143,7 +143,7 @@ def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(
     prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9]]
     plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(prompts, 1, GREEDY, use_tqdm=False)
     generator = _adaptive(target, draft)
-    schedule, costs, lengths = generator.backend.policy.closed_batch, generator.backend.policy.costs, [12, 12, 12]
+    schedule, costs, lengths = generator.backend.speculation.policy.closed_batch, generator.backend.speculation.policy.costs, [12, 12, 12]
     # fabricated: every draft rejected, so each draft forward replays as a loss
     _observe(schedule, lengths, drafted=True, costs=costs, records=[record([(1, 0)] * 12)] * 3, k_limit=3)
     batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
@@ -156,7 +156,7 @@ def test_the_engine_skips_drafting_where_drafting_lost_and_teaches_the_schedule(
     fresh = _adaptive(target, target)  # the target drafting for itself: greedy, every draft accepted
     caps = []  # nothing known: no cap; then the K the batches replayed fastest
     for _ in range(NUM_BATCHES):
-        expected = fresh.backend.policy.closed_batch.k_max(3)
+        expected = fresh.backend.speculation.policy.closed_batch.k_max(3)
         batch = fresh.generate(prompts, 1, GREEDY, use_tqdm=False)
         caps.append(batch.stats["draft_cap"])
         assert batch.stats["draft_cap"] == (3 if expected is None else expected)
@@ -174,7 +174,7 @@ def test_under_its_cap_a_closed_batch_drafts_and_verifies_the_cap_for_every_requ
     open_batch = generator.generate(prompts + prompts[:2], 1, GREEDY, use_tqdm=False)  # 5 > 4: not closed
     assert open_batch.stats["draft_cap"] == 3  # no cap: the per-step policy drafts nothing from its second step on
     assert all(0 in s.acceptance["k_per_step"][1:-1] for s in open_batch.samples)
-    _observe(generator.backend.policy.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3),
+    _observe(generator.backend.speculation.policy.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3),
              records=TWO_IN_THREE[:3], k_limit=3)  # size 3: K = 2
     batch = generator.generate(prompts, 1, GREEDY, use_tqdm=False)
     assert batch.stats["draft_cap"] == 2 and batch.metrics["spec/draft_cap"] == 2.0
@@ -195,7 +195,7 @@ def test_a_closed_batchs_trace_holds_the_outcomes_its_drafter_revealed_where_it_
     prompts = [[5, 6, 7, 5, 6, 7], [3, 4], [9, 9, 9], [2, 8, 2, 8]]
     params = SamplingParams(temperature=1.0, max_tokens=40, seed=3)
     generator = _adaptive(target, target)
-    schedule, records = generator.backend.policy.closed_batch, []
+    schedule, records = generator.backend.speculation.policy.closed_batch, []
     observe = schedule.observe
     schedule.observe = lambda lengths, max_lengths, batch_records, *rest, **kw: (
         records.extend(batch_records), observe(lengths, max_lengths, batch_records, *rest, **kw))
@@ -215,7 +215,7 @@ def test_a_closed_batchs_trace_holds_the_outcomes_its_drafter_revealed_where_it_
 
 def test_a_batch_larger_than_max_num_seqs_is_not_a_closed_batch(target, draft):
     generator = _adaptive(target, draft, max_num_seqs=2)
-    _observe(generator.backend.policy.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
+    _observe(generator.backend.speculation.policy.closed_batch, LONG[:3], drafted=True, costs=flat_costs(0.3), records=TWO_IN_THREE[:3],
              k_limit=3)  # size 3: K = 2
     batch = generator.generate([[5, 6, 7], [3, 4], [9, 9]], 1, GREEDY, use_tqdm=False)  # waits for a slot
     assert batch.stats["draft_cap"] == 3  # the per-step policy alone decides
@@ -224,13 +224,13 @@ def test_a_batch_larger_than_max_num_seqs_is_not_a_closed_batch(target, draft):
 
 def test_a_lone_request_is_not_a_closed_batch(target, draft):
     generator = _adaptive(target, draft)
-    schedule = generator.backend.policy.closed_batch
-    _observe(schedule, [12], drafted=True, costs=generator.backend.policy.costs, records=[record([(1, 0)] * 12)],
+    schedule = generator.backend.speculation.policy.closed_batch
+    _observe(schedule, [12], drafted=True, costs=generator.backend.speculation.policy.costs, records=[record([(1, 0)] * 12)],
              k_limit=3)  # fabricated: every draft rejected, so a closed batch of 1 would decode without drafts
     assert schedule.k_max(1) == 0
     plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate([[5, 6, 7]], 1, GREEDY, use_tqdm=False)
     batch = generator.generate([[5, 6, 7]], 1, GREEDY, use_tqdm=False)
     assert batch.stats["draft_cap"] == 3 and batch.stats["num_proposed_draft_tokens"] > 0  # the per-step policy
-    assert generator.backend.policy.cap is None
+    assert generator.backend.speculation.policy.cap is None
     assert not schedule.allows_drafting(1)  # not observed: an undrafted closed batch of 1 would bring its recheck
     assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]

@@ -19,12 +19,12 @@ def test_round_trip_with_vllm_style_json():
     out = config.to_dict()
     assert {k: out[k] for k in VLLM_STYLE} == VLLM_STYLE
     assert SpecConfig.from_dict(json.loads(json.dumps(out))) == config
-    assert config.k_for_batch_size(3) == 5 and config.k_for_batch_size(20) == 2 and config.k_for_batch_size(300) == 0
+    assert config.schedule.k_for_batch_size(3) == 5 and config.schedule.k_for_batch_size(20) == 2 and config.schedule.k_for_batch_size(300) == 0
 
 
 def test_without_schedule_k_is_num_speculative_tokens():
     config = SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
-    assert [config.k_for_batch_size(b) for b in (1, 64, 4096)] == [3, 3, 3]
+    assert [config.schedule.k_for_batch_size(b) for b in (1, 64, 4096)] == [3, 3, 3]
 
 
 def test_unknown_key_lists_valid_keys():

@@ -98,7 +98,7 @@ def test_a_faulting_drafter_costs_its_steps_drafts_not_the_completions(target, p
     generator = _generator(target, _flaky_class(fault), max_drafter_faults=100)
     with pytest.warns(RuntimeWarning) as caught:
         batch = generator.generate(PROMPTS, 2, params, use_tqdm=False)
-    calls = generator.backend.proposer.inner.num_calls
+    calls = generator.backend.speculation.proposer.inner.num_calls
     assert _completions(batch) == plain[params.temperature]
     assert batch.stats["num_drafter_faults"] == calls // 2 >= 2  # every other call
     assert batch.metrics["spec/num_drafter_faults"] == calls // 2
@@ -129,7 +129,7 @@ def test_speculation_stops_after_max_drafter_faults(target, plain):
             batch = generator.generate(PROMPTS, 2, GREEDY, use_tqdm=False)
         assert _completions(batch) == plain[0.0]
         assert batch.stats["num_drafter_faults"] == 3 and batch.stats["num_draft_tokens"] == 0
-    assert generator.backend.proposer.inner.num_calls == 6
+    assert generator.backend.speculation.proposer.inner.num_calls == 6
 
 
 def test_max_drafter_faults_zero_makes_a_fault_fail_the_call(target):
@@ -163,7 +163,7 @@ def test_a_transient_draft_model_fault_is_resynced(target, plain, monkeypatch):
     draft, the step's drafts lost, the drafter's state dropped) leaves the completions as they were, and every
     request drafts again in the steps after, as right as before."""
     generator = _draft_model_generator(target, target)
-    proposer = generator.backend.proposer
+    proposer = generator.backend.speculation.proposer
     propose, forward, calls = proposer.propose, proposer.runner.forward, {"propose": 0, "forward": 0}
 
     def counting_propose(*args, **kwargs):
@@ -192,7 +192,7 @@ def test_a_draft_model_with_nan_weights_degrades_and_recovers_once_repaired(targ
     again (a copy of the target's: always right), the next call drafts without faults: no NaN keys stayed in the
     draft model's freed slots."""
     generator = _draft_model_generator(target, copy.deepcopy(target), max_drafter_faults=2)
-    good = {name: p.detach().clone() for name, p in generator.backend.proposer.runner.model.named_parameters()}
+    good = {name: p.detach().clone() for name, p in generator.backend.speculation.proposer.runner.model.named_parameters()}
     generator.load_draft_weights({**good, "model.layers.0.self_attn.v_proj.weight": torch.full_like(
         good["model.layers.0.self_attn.v_proj.weight"], math.nan)}.items())
     with pytest.warns(RuntimeWarning, match="confidence nan"):
@@ -210,7 +210,7 @@ def test_a_failed_shared_prompt_prefill_leaks_no_draft_slot(target, draft, plain
     """The draft model's first step prefills each shared prompt alone (num_logits 0); a fault there costs the step's
     drafts and no slot."""
     generator = _draft_model_generator(target, draft)
-    runner = generator.backend.proposer.runner
+    runner = generator.backend.speculation.proposer.runner
     forward = runner.forward
 
     def failing_prefill(slots, token_ids, num_logits):
@@ -222,7 +222,7 @@ def test_a_failed_shared_prompt_prefill_leaks_no_draft_slot(target, draft, plain
     with pytest.warns(RuntimeWarning, match="prefill failed"):
         batch = generator.generate(PROMPTS, 2, GREEDY, use_tqdm=False)
     assert _completions(batch) == plain[0.0]
-    assert runner.num_free_slots == 8 and generator.backend.proposer.num_requests == 0
+    assert runner.num_free_slots == 8 and generator.backend.speculation.proposer.num_requests == 0
 
 
 def test_non_finite_target_logits_stay_an_error():

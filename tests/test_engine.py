@@ -154,7 +154,7 @@ def test_the_moves_are_timed_apart_from_a_step_s_other_work(target):
     and in no other part of the step."""
     gen = RolloutGenerator(target, max_num_seqs=8, max_model_len=24)
     outcomes, moves = [], []
-    gen.backend.policy = Recording(outcomes)
+    gen.backend.speculation.policy = Recording(outcomes)
     copy_prefix = gen.backend.runner.copy_prefix
     gen.backend.runner.copy_prefix = lambda *args: moves.append(time.sleep(0.02)) or copy_prefix(*args)
     prompts = [[5 + i] * length for i, length in enumerate((2, 9, 4, 12, 1, 7, 3, 6))]

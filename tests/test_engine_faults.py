@@ -59,8 +59,8 @@ DRAFTER_STAGES = {("drafter", "propose"), ("draft_runner", "allocate"), ("draft_
 
 def _owners(generator) -> dict:
     backend = generator.backend
-    return {"target": backend.runner, "drafter": backend.proposer, "draft_runner": backend.proposer.runner,
-            "policy": backend.policy, "engine": rollout.engine.Engine, "engine_module": rollout.engine}
+    return {"target": backend.runner, "drafter": backend.speculation.proposer, "draft_runner": backend.speculation.proposer.runner,
+            "policy": backend.speculation.policy, "engine": rollout.engine.Engine, "engine_module": rollout.engine}
 
 
 def _patch(monkeypatch, generator, stages, tripwire: Tripwire) -> None:
@@ -76,8 +76,8 @@ def _completions(batch) -> list[list[int]]:
 def _assert_released_and_usable(generator, expected) -> None:
     backend = generator.backend
     assert backend.runner.num_free_slots == MAX_NUM_SEQS
-    assert backend.proposer.runner.num_free_slots == MAX_NUM_SEQS
-    assert backend.proposer.num_requests == 0
+    assert backend.speculation.proposer.runner.num_free_slots == MAX_NUM_SEQS
+    assert backend.speculation.proposer.num_requests == 0
     assert _completions(generator.generate(PROMPTS, 2, GREEDY, use_tqdm=False)) == expected
 
 
@@ -158,7 +158,7 @@ def test_a_cleanup_that_fails_too_is_noted_on_the_original_error(target, monkeyp
     error = Injected("the verification forward failed")
     tripwire = Tripwire(1, error)
     monkeypatch.setattr(generator.backend.runner, "forward", tripwire.wrap(generator.backend.runner.forward))
-    monkeypatch.setattr(generator.backend.proposer, "finish", _failing_finish)
+    monkeypatch.setattr(generator.backend.speculation.proposer, "finish", _failing_finish)
     with pytest.raises(Injected) as raised:
         generator.generate(PROMPTS, 2, GREEDY, use_tqdm=False)
     assert raised.value is error

@@ -66,3 +66,13 @@ def test_importing_the_packages_does_not_import_vllm():
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+OUTSIDE_ROLLOUT = sorted([*(ROOT / "trainers").rglob("*.py"), *(ROOT / "examples").rglob("*.py")])
+
+
+@pytest.mark.parametrize("path", OUTSIDE_ROLLOUT, ids=lambda p: str(p.relative_to(ROOT)))
+def test_trainers_and_examples_use_the_generator_not_its_backend(path):
+    """What trainers and examples need from a backend is a generator method: the backend is rollout's business."""
+    lines = [n for n, line in enumerate(path.read_text().splitlines(), 1) if ".backend." in line]
+    assert not lines, f"{path.name} reaches through the generator into its backend at lines {lines}"

@@ -13,7 +13,7 @@ def _request(i, prompt_len=3, max_tokens=8):
 
 def _schedule(config=SpecConfig.from_dict({"method": "ngram", "num_speculative_tokens": 4,
                                            "num_speculative_tokens_per_batch_size": [[1, 2, 4], [3, 8, 1]]})):
-    return config.k_for_batch_size
+    return config.schedule.k_for_batch_size
 
 
 def test_admission_is_bounded_by_max_num_seqs_and_in_order():

@@ -12,6 +12,7 @@ from transformers import Trainer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.grpo_trainer import RepeatSampler, RolloutFunc
 
+from trainers import SpecRolloutCallback
 from trainers_testing import grpo_config, grpo_trainer, tiny_generator, tiny_policy
 
 
@@ -45,7 +46,7 @@ def test_grpo_config_fields_read_by_the_rollout_func():
 
 
 def test_trainer_attributes_read_and_set(tmp_path):
-    trainer = grpo_trainer(tiny_policy(0), tiny_generator(), grpo_config(tmp_path))
+    trainer = grpo_trainer(tiny_policy(0), SpecRolloutCallback(tiny_generator()), grpo_config(tmp_path))
     assert trainer.num_generations == 4 and trainer.num_generations_eval == 4
     assert set(trainer._metrics) == {"train", "eval"} and trainer._metrics["train"]["x"] == []
     assert trainer.use_vllm is False and trainer.vllm_importance_sampling_correction is True

@@ -30,9 +30,8 @@ def test_callback_refreshes_every_n_steps_and_logs_the_kl():
 
 
 def test_refresh_needs_the_callback_in_the_trainer(tmp_path):
-    generator = tiny_generator()
-    SpecRolloutCallback(generator, drafter_refresh_steps=1)
-    trainer = grpo_trainer(tiny_policy(0), generator, grpo_config(tmp_path, max_steps=1))
+    callback = SpecRolloutCallback(tiny_generator(), drafter_refresh_steps=1)
+    trainer = grpo_trainer(tiny_policy(0), callback.rollout_func, grpo_config(tmp_path, max_steps=1))  # not callbacks
     with pytest.raises(ValueError, match="callbacks=\\[callback\\]"):
         trainer.train()
 

@@ -1,16 +1,14 @@
-"""RolloutGenerator as GRPOTrainer's rollout_func (trainers/rollout_func.py): the output contract, prompt groups,
-sampling settings from the GRPOConfig, and the inputs it refuses."""
+"""SpecRolloutCallback.rollout_func as GRPOTrainer's rollout_func (trainers/rollout_func.py): the output contract,
+prompt groups, sampling settings from the GRPOConfig, and the inputs it refuses."""
 
 import pytest
 from transformers import AutoTokenizer
 
 from rollout import default_model_paths
-from trainers.rollout_func import generate_groups, group_spans, sampling_params
+from trainers import SpecRolloutCallback
+from trainers.rollout_func import TrainerRollout, group_spans, run_rollout, sampling_params
 from rollout.sampling_params import SamplingParams
 from trainers_testing import default_tokenizer, grpo_config, grpo_trainer, shared_grpo_run, tiny_generator, tiny_policy
-
-pytestmark = pytest.mark.filterwarnings("ignore:no rollout hook")  # these trainers have no SpecRolloutCallback
-
 
 @pytest.fixture(scope="module")
 def generator():
@@ -19,7 +17,11 @@ def generator():
 
 @pytest.fixture(scope="module")
 def trainer(generator, tmp_path_factory):
-    return grpo_trainer(tiny_policy(0), generator, grpo_config(tmp_path_factory.mktemp("rf"), max_completion_length=5))
+    return _trainer(generator, tmp_path_factory.mktemp("rf"), max_completion_length=5)
+
+
+def _trainer(generator, output_dir, **overrides):
+    return grpo_trainer(tiny_policy(0), SpecRolloutCallback(generator), grpo_config(output_dir, **overrides))
 
 
 def _rows(trainer, num_prompts: int, num_generations: int = 4) -> list[str]:
@@ -29,7 +31,7 @@ def _rows(trainer, num_prompts: int, num_generations: int = 4) -> list[str]:
 
 def test_one_completion_per_row_in_order(generator, trainer):
     rows = _rows(trainer, 3)
-    out = generator(rows, trainer)
+    out = trainer.rollout_func(rows, trainer)
     tokenizer = default_tokenizer()
     assert len(out["prompt_ids"]) == len(out["completion_ids"]) == len(out["logprobs"]) == len(out["acceptance"]) == 12
     for row, prompt_ids, completion_ids, logprobs in zip(rows, out["prompt_ids"], out["completion_ids"],
@@ -51,19 +53,19 @@ def test_acceptance_records_reach_the_reward_functions():
 
 @pytest.mark.parametrize("chat_template_kwargs", [None, {"unused_variable": 1}])
 def test_chat_prompts_are_rendered_as_grpo_trainer_renders_them(chat_template_kwargs, generator, tmp_path):
-    trainer = grpo_trainer(tiny_policy(0), generator, grpo_config(tmp_path, chat_template_kwargs=chat_template_kwargs))
+    trainer = _trainer(generator, tmp_path, chat_template_kwargs=chat_template_kwargs)
     messages = [{"role": "user", "content": "731-58"}]
-    out = generator([messages] * 4, trainer)
+    out = trainer.rollout_func([messages] * 4, trainer)
     expected, _, _ = trainer._tokenize_prompts([messages])
     assert out["prompt_ids"] == [list(expected[0])] * 4
 
 
 def test_evaluation_rollouts_use_num_generations_eval(generator, tmp_path):
-    trainer = grpo_trainer(tiny_policy(0), generator, grpo_config(tmp_path, num_generations_eval=2))
+    trainer = _trainer(generator, tmp_path, num_generations_eval=2)
     trainer.model.eval()
-    assert len(generator(_rows(trainer, 2, num_generations=2), trainer)["completion_ids"]) == 4
+    assert len(trainer.rollout_func(_rows(trainer, 2, num_generations=2), trainer)["completion_ids"]) == 4
     with pytest.raises(ValueError, match="num_generations=2"):
-        generator(_rows(trainer, 4, num_generations=1), trainer)  # four prompts once each
+        trainer.rollout_func(_rows(trainer, 4, num_generations=1), trainer)  # four prompts once each
 
 
 @pytest.mark.parametrize("num_rows, num_generations, offset, spans", [
@@ -80,7 +82,7 @@ def test_group_spans(num_rows, num_generations, offset, spans):
 def test_groups_cut_by_the_slice_come_back_in_row_order(generator):
     rows = [[1, 20, 5]] * 2 + [[1, 20, 6]] * 4 + [[1, 20, 7]] * 1
     spans = group_spans(len(rows), 4, offset=2)
-    batch = generate_groups(generator, rows, spans, SamplingParams(max_tokens=4), process_index=1)
+    batch = run_rollout(generator, TrainerRollout(rows, spans, SamplingParams(max_tokens=4), process_index=1))
     assert [s.prompt_ids for s in batch.samples] == rows
     assert [s.prompt_index for s in batch.samples] == [0, 0, 1, 1, 1, 1, 2]
     assert [s.sample_index for s in batch.samples] == [0, 1, 0, 1, 2, 3, 0]
@@ -91,28 +93,23 @@ def test_processes_draw_different_samples_for_a_shared_group(generator):
     rows = [[1, 20, 5]] * 4
     spans = group_spans(4, 4)
     params = SamplingParams(max_tokens=8)
-    first, second = (generate_groups(generator, rows, spans, params, process_index=i) for i in (0, 1))
+    first, second = (run_rollout(generator, TrainerRollout(rows, spans, params, process_index=i)) for i in (0, 1))
     assert [s.completion_ids for s in first.samples] != [s.completion_ids for s in second.samples]
-
-
-def test_warns_when_nothing_syncs_the_weights(generator, trainer):
-    with pytest.warns(UserWarning, match="SpecRolloutCallback"):
-        generator(_rows(trainer, 1), trainer)
 
 
 def test_rows_not_repeated_num_generations_times(generator, trainer):
     rows = [trainer.train_dataset[i]["prompt"] for i in range(8)]  # each prompt once, num_generations=4
     with pytest.raises(ValueError, match="num_generations=4: rows 0..3"):
-        generator(rows, trainer)
+        trainer.rollout_func(rows, trainer)
 
 
 def test_trainer_tokenizer_must_match(generator, tmp_path):
     other = AutoTokenizer.from_pretrained(default_model_paths()["target"])
     other.add_tokens(["<tool>"])
-    trainer = grpo_trainer(tiny_policy(0), generator, grpo_config(tmp_path))
+    trainer = _trainer(generator, tmp_path)
     trainer.processing_class = other
     with pytest.raises(ValueError, match="processing_class"):
-        generator(_rows(trainer, 1), trainer)
+        trainer.rollout_func(_rows(trainer, 1), trainer)
 
 
 def test_sampling_settings_come_from_the_grpo_config(tmp_path):
@@ -129,6 +126,6 @@ def test_sampling_settings_come_from_the_grpo_config(tmp_path):
     ({"generation_kwargs": {"num_beams": 2}}, "generation_kwargs"),
 ])
 def test_sampling_settings_the_engine_cannot_honour(setting, match, generator, tmp_path):
-    trainer = grpo_trainer(tiny_policy(0), generator, grpo_config(tmp_path, **setting))
+    trainer = _trainer(generator, tmp_path, **setting)
     with pytest.raises(ValueError, match=match):
         trainer.train()

@@ -30,7 +30,7 @@ def test_rollout_logprobs_follow_the_synced_target():
     run = shared_grpo_run()
     trainer, generator = run.trainer, run.generator
     run.callback.weight_sync.maybe_sync(trainer)
-    out = generator([trainer.train_dataset[0]["prompt"]] * 4, trainer)
+    out = trainer.rollout_func([trainer.train_dataset[0]["prompt"]] * 4, trainer)
     policy = trainer.model.eval()
     for prompt_ids, completion_ids, logprobs in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"]):
         with torch.no_grad():
@@ -49,11 +49,11 @@ def test_no_sync_while_global_step_is_unchanged():
     with torch.no_grad():
         trainer.model.lm_head.weight.add_(0.5)  # the policy moves, global_step does not
     try:
-        generator([trainer.train_dataset[0]["prompt"]] * 4, trainer)
+        trainer.rollout_func([trainer.train_dataset[0]["prompt"]] * 4, trainer)
         assert sync.num_syncs == num_syncs
         assert not torch.allclose(logits(generator.backend.runner.model, PROBE_IDS), logits(trainer.model, PROBE_IDS))
         trainer.state.global_step += 1
-        generator([trainer.train_dataset[0]["prompt"]] * 4, trainer)
+        trainer.rollout_func([trainer.train_dataset[0]["prompt"]] * 4, trainer)
         assert sync.num_syncs == num_syncs + 1
         assert torch.equal(logits(generator.backend.runner.model, PROBE_IDS), logits(trainer.model, PROBE_IDS))
     finally:
@@ -66,8 +66,7 @@ def test_lora_policy_syncs_merged_weights(tmp_path):
     generator = tiny_generator(target_seed=1)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     callback = SpecRolloutCallback(generator)
-    trainer = grpo_trainer(tiny_policy(0), generator, grpo_config(tmp_path, max_steps=1), callbacks=[callback],
-                           peft_config=lora)
+    trainer = grpo_trainer(tiny_policy(0), callback, grpo_config(tmp_path, max_steps=1), peft_config=lora)
     trainer.train()
     assert callback.weight_sync.maybe_sync(trainer)  # global_step 1: the adapters as trained by step 1
     policy = trainer.model

@@ -13,7 +13,7 @@ import torch
 from conftest import chi2_critical
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 
-from vllm_testing import PolicyAtRollout, hf_logprobs, require_vllm, save_tiny_llama, tiny_default_vocab
+from vllm_testing import hf_logprobs, require_vllm, save_tiny_llama, tiny_default_vocab
 
 from rollout import RolloutGenerator, SamplingParams
 from spec import SpecConfig
@@ -153,7 +153,7 @@ def test_greedy_equals_the_embedded_engine(folders, vllm_gen):
 @require_vllm
 def test_eos_ids_are_read_as_the_embedded_engine_reads_them(tmp_path):
     from rollout.loading import eos_token_ids
-    from rollout.vllm_backend.engine_args import generation_config
+    from rollout.loading import generation_config
     path = save_tiny_llama(tmp_path / "eos", 2, 1, eos_token_id=[1, 2])
     embedded = RolloutGenerator(path)
     from_folder = eos_token_ids(generation_config(path), AutoConfig.from_pretrained(path))
@@ -277,11 +277,9 @@ def test_without_speculation(folders):
 
 
 def _grpo_run_on_vllm(tmp_path):
-    """Two GRPO steps with GRPOTrainer(rollout_func=generator) on backend="vllm" and SpecRolloutCallback; returns
-    the trainer, the generator and the policy as it was at the last rollout (just after the callback's sync)."""
-    from trainers_testing import default_tokenizer, grpo_config, grpo_trainer
-
-    from trainers import SpecRolloutCallback
+    """Two GRPO steps on backend="vllm" with SpecRolloutCallback's rollout function; returns the trainer, the
+    generator and the policy as it was at the last rollout (just after the callback's sync)."""
+    from trainers_testing import RecordingCallback, default_tokenizer, grpo_config, grpo_trainer
 
     tiny_default_vocab(1, 2).save_pretrained(tmp_path / "target")  # the engine starts from other weights
     tiny_default_vocab(2, 1).save_pretrained(tmp_path / "draft")
@@ -289,11 +287,10 @@ def _grpo_run_on_vllm(tmp_path):
                                  speculative_config={"method": "draft_model", "model": str(tmp_path / "draft"),
                                                      "num_speculative_tokens": 3},
                                  max_num_seqs=16, max_model_len=128)
-    callback, synced = SpecRolloutCallback(generator), PolicyAtRollout()
-    generator.add_rollout_hook(synced)  # runs after the callback's hook, so it sees the weights just synced
-    trainer = grpo_trainer(tiny_default_vocab(0, 2), generator, grpo_config(tmp_path / "out"), callbacks=[callback])
+    callback = RecordingCallback(generator)
+    trainer = grpo_trainer(tiny_default_vocab(0, 2), callback, grpo_config(tmp_path / "out"))
     trainer.train()
-    return trainer, generator, synced.policy
+    return trainer, generator, callback.policy
 
 
 @pytest.fixture(scope="module")

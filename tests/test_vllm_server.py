@@ -67,7 +67,7 @@ def test_the_client_reads_the_server_and_its_tuned_schedule(client, tuned, pair,
     assert (client.max_model_len, client.max_num_seqs, client.eos_token_ids) == (128, 16, {2})
     assert client.backend.model_path == pair["target"] and client.tokenizer is not None
     batch = client.generate(["Q: 1+2\nA:\n"], 1, GREEDY, use_tqdm=False)  # one request: the schedule's K at 1
-    k = client.k_for_batch_size(1)
+    k = client.config.schedule.k_for_batch_size(1)
     assert set(batch.samples[0].acceptance["k_per_step"]) == ({k} if k else set())
 
 
@@ -95,7 +95,7 @@ def test_greedy_equals_the_embedded_engine_and_seeds_reproduce(client, pair, tun
         torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
     # Seeded draws repeat where the requests batch the same way (the schedule's K, and so the draws the rejection
     # sampler consumes, follow the step's batch size): one request in flight at a time.
-    serial = RolloutGenerator(backend="server", base_url=client.backend.base_url, server_kwargs={"max_concurrency": 1})
+    serial = RolloutGenerator(backend="server", base_url=client.base_url, server_kwargs={"max_concurrency": 1})
     params = SamplingParams(temperature=1.0, max_tokens=12, seed=7)
     runs = [[s.completion_ids for s in serial.generate(prompts, 2, params, use_tqdm=False).samples] for _ in range(2)]
     assert runs[0] == runs[1] and len({tuple(c) for c in runs[0]}) > 1

@@ -89,7 +89,7 @@ def test_a_bad_load_leaves_the_old_weights(gen, folders, role):
 
 
 def test_draft_model_copy_is_the_draft_folder_in_float32(gen, folders):
-    copy = gen.backend.draft_model_copy()
+    copy = gen.draft_model_copy()
     assert all(p.dtype == torch.float32 and p.device.type == "cpu" for p in copy.parameters())
     for name, tensor in _hf(folders["draft_copy"]).items():
         torch.testing.assert_close(dict(copy.named_parameters())[name], tensor)

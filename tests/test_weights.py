@@ -86,7 +86,7 @@ def test_a_bad_target_source_changes_nothing(generator, source):
 @pytest.mark.parametrize("source", BAD_SOURCES)
 def test_a_bad_draft_source_changes_nothing(generator, source):
     make, error, message = BAD_SOURCES[source]
-    model = generator.backend.proposer.runner.model
+    model = generator.backend.speculation.proposer.runner.model
     before, completions = _snapshot(model), _completions(generator)
     with pytest.raises(error, match=message):
         generator.load_draft_weights(make(_perturbed(model)))

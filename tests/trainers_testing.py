@@ -69,9 +69,13 @@ def length_reward(completions, **kwargs) -> list[float]:
     return [len(c) / 12 for c in completions]
 
 
-def grpo_trainer(policy, generator, args: GRPOConfig, callbacks=(), reward=length_reward, **kwargs) -> GRPOTrainer:
+def grpo_trainer(policy, rollout, args: GRPOConfig, callbacks=(), reward=length_reward, **kwargs) -> GRPOTrainer:
+    """rollout: a SpecRolloutCallback (the trainer gets its rollout_func and runs it as a callback, after
+    `callbacks`), or a rollout function (the trainer gets `callbacks` only)."""
+    if isinstance(rollout, SpecRolloutCallback):
+        rollout, callbacks = rollout.rollout_func, [*callbacks, rollout]
     return GRPOTrainer(model=policy, reward_funcs=reward, args=args, train_dataset=prompt_dataset(),
-                       processing_class=default_tokenizer(), rollout_func=generator, callbacks=list(callbacks),
+                       processing_class=default_tokenizer(), rollout_func=rollout, callbacks=list(callbacks),
                        **kwargs)
 
 
@@ -100,17 +104,21 @@ def logits(model, input_ids: list[list[int]]) -> torch.Tensor:
 PROBE_IDS = [[1, 20, 17, 18, 5, 14, 6, 19, 21], [1, 20, 17, 9, 9, 4, 7, 19, 21]]  # "Q: 3+2\nA:\n"-like rows
 
 
-class RecordRollouts:
-    """A rollout hook that keeps every batch (registered on the generator as SpecRolloutCallback registers)."""
+class RecordingCallback(SpecRolloutCallback):
+    """SpecRolloutCallback that also keeps every rollout's batch and a copy of the policy as it was synced for the
+    latest rollout. A fresh model loads its state dict: a deepcopy of the prepared model would keep accelerate's
+    forward, bound to the original."""
 
-    def __init__(self):
-        self.batches = []
-
-    def before_rollout(self, trainer):
-        pass
+    def __init__(self, generator, **kwargs):
+        super().__init__(generator, **kwargs)
+        self.batches, self.policy = [], None
 
     def after_rollout(self, trainer, batch):
+        super().after_rollout(trainer, batch)
         self.batches.append(batch)
+        policy = type(trainer.model)(trainer.model.config)
+        policy.load_state_dict(trainer.model.state_dict())
+        self.policy = policy.eval()
 
 
 class RecordLogs(TrainerCallback):
@@ -151,14 +159,13 @@ def _grpo_run(output_dir) -> GRPORun:
     than the policy."""
     policy, generator = tiny_policy(0), tiny_generator(target_seed=1)
     initial = copy.deepcopy(policy)
-    callback = SpecRolloutCallback(generator, drafter_refresh_steps=1)
-    rollouts, logs, rewarded = RecordRollouts(), RecordLogs(), []
-    generator.add_rollout_hook(rollouts)
+    callback = RecordingCallback(generator, drafter_refresh_steps=1)
+    logs, rewarded = RecordLogs(), []
 
     def reward(completions, acceptance, **kwargs):
         rewarded.extend(acceptance)
         return length_reward(completions)
 
-    trainer = grpo_trainer(policy, generator, grpo_config(output_dir), callbacks=[logs, callback], reward=reward)
+    trainer = grpo_trainer(policy, callback, grpo_config(output_dir), callbacks=[logs], reward=reward)
     trainer.train()
-    return GRPORun(trainer, generator, callback, initial, list(rollouts.batches), list(logs.logs), rewarded)
+    return GRPORun(trainer, generator, callback, initial, list(callback.batches), list(logs.logs), rewarded)

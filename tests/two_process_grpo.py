@@ -16,14 +16,14 @@ def main(output_dir: str) -> None:
     args = grpo_config(output_dir, per_device_train_batch_size=6, num_generations=4, max_steps=2)
     generator = tiny_generator()
     calls = []
+    callback = SpecRolloutCallback(generator)
 
-    def rollout_func(prompts, trainer):  # the generator, with a record of each call
-        out = generator(prompts, trainer)
+    def rollout_func(prompts, trainer):  # the callback's, with a record of each call
+        out = callback.rollout_func(prompts, trainer)
         calls.append({"prompts": list(prompts), "prompt_ids": out["prompt_ids"],
                       "completion_ids": out["completion_ids"], "num_logprobs": [len(x) for x in out["logprobs"]]})
         return out
 
-    callback = SpecRolloutCallback(generator)
     trainer = grpo_trainer(tiny_policy(0), rollout_func, args, callbacks=[callback])
     trainer.train()
     rank = trainer.accelerator.process_index

@@ -12,11 +12,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
-from trainers_testing import grpo_config, grpo_trainer
-from vllm_testing import PolicyAtRollout
+from trainers_testing import RecordingCallback, grpo_config, grpo_trainer
 
 from rollout import RolloutGenerator, default_model_paths
-from trainers import SpecRolloutCallback
 
 
 def main(output_dir: str, base_url: str) -> None:
@@ -24,22 +22,20 @@ def main(output_dir: str, base_url: str) -> None:
     generator = RolloutGenerator(backend="server", base_url=base_url,
                                  server_kwargs={"weights_dir": str(Path(output_dir, "weights"))})
     calls = []
+    callback = RecordingCallback(generator, drafter_refresh_steps=1, drafter_learning_rate=1e-2)
 
-    def rollout_func(prompts, trainer):  # the generator, with a record of each call
-        out = generator(prompts, trainer)
+    def rollout_func(prompts, trainer):  # the callback's, with a record of each call
+        out = callback.rollout_func(prompts, trainer)
         calls.append({"prompts": list(prompts), "completion_ids": out["completion_ids"],
                       "num_logprobs": [len(x) for x in out["logprobs"]]})
         return out
 
-    callback, synced = SpecRolloutCallback(generator, drafter_refresh_steps=1, drafter_learning_rate=1e-2), \
-        PolicyAtRollout()
-    generator.add_rollout_hook(synced)  # after the callback's hook: sees the weights just synced
     policy = AutoModelForCausalLM.from_pretrained(default_model_paths()["target"], dtype=torch.float32)
     trainer = grpo_trainer(policy, rollout_func, args, callbacks=[callback])
     trainer.train()
     rank = trainer.accelerator.process_index
     if rank == 0:
-        save_file({n: p.detach().contiguous() for n, p in synced.policy.named_parameters()},
+        save_file({n: p.detach().contiguous() for n, p in callback.policy.named_parameters()},
                   str(Path(output_dir, "policy.safetensors")))
         draft = callback.drafter_refresh.draft
         save_file({n: p.detach().contiguous() for n, p in draft.named_parameters()},

@@ -53,19 +53,6 @@ def hf_logprobs(model, prompt: list[int], completion: list[int], params: Samplin
     return processed_logprobs(logits, sampling)[torch.arange(len(completion)), completion]
 
 
-class PolicyAtRollout:
-    """A rollout hook keeping a copy of the trainer's policy as it was at the latest rollout. A fresh model loads
-    its state dict: a deepcopy of the prepared model would keep accelerate's forward, bound to the original."""
-
-    def before_rollout(self, trainer) -> None:
-        policy = LlamaForCausalLM(trainer.model.config)
-        policy.load_state_dict(trainer.model.state_dict())
-        self.policy = policy.eval()
-
-    def after_rollout(self, trainer, batch) -> None:
-        pass
-
-
 class Server:
     """`python -m rollout serve ARGS` in its own process group, at a free port on 127.0.0.1; `stop()` ends the
     group and removes the /dev/shm files its processes left."""

@@ -1,16 +1,17 @@
-"""`SpecRolloutCallback`: what a trainer needs around a RolloutGenerator used as its rollout function.
+"""`SpecRolloutCallback`: a RolloutGenerator's rollouts as a trainer's rollout function, and what a trainer needs
+around them.
 
     generator = RolloutGenerator("default", speculative_config=...)
     callback = SpecRolloutCallback(generator, drafter_refresh_steps=10)
-    trainer = GRPOTrainer(model=policy, rollout_func=generator, callbacks=[callback], ...)
+    trainer = GRPOTrainer(model=policy, rollout_func=callback.rollout_func, callbacks=[callback], ...)
 
-Before each rollout (the generator calls its hooks with the trainer): the policy's weights are copied into the
-generator's target when `global_step` changed (weight_sync.py), and on the first rollout TRL's importance-sampling
-correction is switched on for the rollout logprobs if the GRPOConfig asks for it (importance_sampling.py). After
-each rollout: the acceptance metrics go into the trainer's logs (metrics.py) and the rollouts into the drafter
-refresh's collection. At the end of every `drafter_refresh_steps`-th optimizer step the draft model is distilled
+`rollout_func(prompts, trainer)` checks the call (rollout_func.py); then, before the rollout, the policy's weights
+are copied into the generator's target when `global_step` changed (weight_sync.py), and on the first rollout TRL's
+importance-sampling correction is switched on for the rollout logprobs if the GRPOConfig asks for it
+(importance_sampling.py). After each rollout: the acceptance metrics go into the trainer's logs (metrics.py) and the
+rollouts into the drafter refresh's collection. At the end of every `drafter_refresh_steps`-th optimizer step the draft model is distilled
 toward the policy on them and loaded into the generator's drafter (drafter_refresh.py); the mean KL is logged with the
-next rollout's metrics as `spec/drafter_refresh_kl`. Trainer processes sharing one server (`backend.is_shared`) share
+next rollout's metrics as `spec/drafter_refresh_kl`. Trainer processes sharing one server (`generator.is_shared`) share
 its drafter: the server's writer process (weight_sync.py) refreshes it on its own rollouts, and the next weight
 sync's barrier holds the others until it is loaded.
 """
@@ -21,6 +22,7 @@ from rollout import RolloutBatch, RolloutGenerator
 from trainers.drafter_refresh import DrafterRefresh
 from trainers.importance_sampling import enable_importance_sampling, is_importance_sampling_enabled
 from trainers.metrics import log_rollout_metrics
+from trainers.rollout_func import plan_rollout, run_rollout, trainer_outputs
 from trainers.weight_sync import WeightSync, zero_stage
 
 
@@ -37,9 +39,16 @@ class SpecRolloutCallback(TrainerCallback):
         self.last_metrics: dict[str, float] = {}
         self._is_attached = False  # the trainer calls our TrainerCallback hooks
         self._pending: dict[str, float] = {}  # logged with the next rollout's metrics
-        generator.add_rollout_hook(self)
 
-    # Rollout hooks (called by RolloutGenerator.__call__ on every process).
+    def rollout_func(self, prompts: list, trainer) -> dict:
+        """TRL's rollout function (`GRPOTrainer(rollout_func=callback.rollout_func)`), called on every process with
+        its slice of the generation batch: check, sync, roll out, log; the dict TRL expects (rollout_func.py)."""
+        rollout = plan_rollout(self.generator, prompts, trainer)
+        self.before_rollout(trainer)
+        batch = run_rollout(self.generator, rollout)
+        self.after_rollout(trainer, batch)
+        return trainer_outputs(batch, rollout.params.max_tokens)
+
     def before_rollout(self, trainer) -> None:
         if self.drafter_refresh is not None and not self._is_attached:
             raise ValueError("drafter_refresh_steps is set but the trainer does not run this callback; pass "

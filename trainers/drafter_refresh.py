@@ -31,7 +31,7 @@ class DrafterRefresh:
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps={every_n_steps!r}: must be an integer >= 1")
         self.generator = generator
-        self.draft = generator.backend.draft_model_copy().train()
+        self.draft = generator.draft_model_copy().train()
         self.every_n_steps, self.batch_size = every_n_steps, batch_size
         self.optimizer = torch.optim.AdamW(self.draft.parameters(), lr=learning_rate)
         self.sequences: deque[tuple[list[int], int]] = deque(maxlen=max_sequences)  # (token ids, num prompt tokens)

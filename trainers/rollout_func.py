@@ -1,4 +1,4 @@
-"""`RolloutGenerator` as TRL's rollout function: `trl.GRPOTrainer(rollout_func=generator)`.
+"""A `RolloutGenerator`'s rollouts as TRL's rollout function (`SpecRolloutCallback.rollout_func`, trainers/callback.py).
 
 The contract (TRL 1.16, `GRPOTrainer._generate`): each process calls `rollout_func(prompts, trainer)` with its
 slice of the generation batch. A prompt fills `num_generations` adjacent rows (GRPOTrainer's RepeatSampler); the
@@ -11,13 +11,12 @@ here `acceptance`, each sample's acceptance record.
 Each group of rows becomes one prompt with that many samples (shared prefill, sibling drafting). Sampling settings
 come from `trainer.args` (the GRPOConfig), so the trainer recomputes logprobs of the distribution sampled from.
 The trainer is read through `args`, `model`, `num_generations`, `num_generations_eval`, `processing_class`,
-`accelerator.process_index` and `tools`. Importing `trainers` registers `rollout_for_trainer` as the generator's
-trainer adapter (RolloutGenerator.__call__).
+`accelerator.process_index` and `tools`.
 """
 
 import dataclasses
-import warnings
 import weakref
+from dataclasses import dataclass
 
 from rollout.outputs import RolloutBatch, Sample
 from rollout.prompts import to_token_ids
@@ -27,28 +26,51 @@ ACCEPTANCE_KEY = "acceptance"
 _verified_tokenizers = weakref.WeakKeyDictionary()  # trainer tokenizer -> generator tokenizer it matched
 
 
-def rollout_for_trainer(generator, prompts: list, trainer) -> dict:
-    """The body of `RolloutGenerator.__call__`: hooks' `before_rollout(trainer)`, generation, hooks'
-    `after_rollout(trainer, batch)`, then the dict TRL expects."""
+@dataclass
+class TrainerRollout:
+    """One rollout for a trainer, checked and laid out: token ids per row, the prompt groups of the slice as
+    (first row, size), the GRPOConfig's sampling settings, and this process's index."""
+
+    rows: list[list[int]]
+    spans: list[tuple[int, int]]
+    params: SamplingParams
+    process_index: int
+
+
+def plan_rollout(generator, prompts: list, trainer) -> TrainerRollout:
+    """Check the trainer's call against what the generator can honour and lay its rows out in prompt groups; nothing
+    is generated (weight sync comes between this and `run_rollout`)."""
     if getattr(trainer, "tools", None):
-        raise NotImplementedError("GRPOTrainer tools are not supported with a RolloutGenerator as rollout_func: TRL "
-                                  "runs the tool-call turns with its own generation backend; drop tools=...")
+        raise NotImplementedError("GRPOTrainer tools are not supported with a RolloutGenerator's rollout function: "
+                                  "TRL runs the tool-call turns with its own generation backend; drop tools=...")
     tokenizer = check_same_tokenizer(generator.tokenizer, _trainer_tokenizer(trainer))
     rows = _prompt_ids(prompts, tokenizer, trainer.args, generator.max_model_len)
     num_generations, process_index = _num_generations(trainer), _process_index(trainer)
     spans = group_spans(len(rows), num_generations, offset=process_index * len(rows) % num_generations)
     check_groups(rows, spans, num_generations)
-    params = sampling_params(trainer.args, generator.max_model_len)
-    if not generator.rollout_hooks and getattr(generator.backend, "model", None) is not getattr(trainer, "model", None):
-        warnings.warn("no rollout hook is registered on this RolloutGenerator, so its target keeps the weights it "
-                      "was built with while the policy trains; pass callbacks=[trainers.SpecRolloutCallback("
-                      "generator)] to the trainer", stacklevel=3)
-    for hook in generator.rollout_hooks:
-        hook.before_rollout(trainer)
-    batch = generate_groups(generator, rows, spans, params, process_index)
-    for hook in generator.rollout_hooks:
-        hook.after_rollout(trainer, batch)
-    return trainer_outputs(batch, params.max_tokens)
+    return TrainerRollout(rows, spans, sampling_params(trainer.args, generator.max_model_len), process_index)
+
+
+def run_rollout(generator, rollout: TrainerRollout) -> RolloutBatch:
+    """One `generate` call per distinct group size (a single call unless the slice cuts groups); the samples in row
+    order, `prompt_index` numbering the groups of the slice."""
+    rows, spans = rollout.rows, rollout.spans
+    by_size: dict[int, list[int]] = {}  # group size -> indices of the groups of that size
+    for g, (_, size) in enumerate(spans):
+        by_size.setdefault(size, []).append(g)
+    if len(by_size) == 1:
+        return generator.generate([rows[start] for start, _ in spans], spans[0][1], _seeded(rollout, generator),
+                                  use_tqdm=False)
+    samples: list[Sample | None] = [None] * len(rows)
+    elapsed = 0.0
+    for size, groups in by_size.items():
+        batch = generator.generate([rows[spans[g][0]] for g in groups], size, _seeded(rollout, generator),
+                                   use_tqdm=False)
+        elapsed += batch.stats["elapsed_s"]
+        for s in batch.samples:
+            group = groups[s.prompt_index]
+            samples[spans[group][0] + s.sample_index] = dataclasses.replace(s, prompt_index=group)
+    return RolloutBatch(samples, stats={"elapsed_s": elapsed, "num_generate_calls": len(by_size)})
 
 
 def sampling_params(args, max_model_len: int) -> SamplingParams:
@@ -109,28 +131,6 @@ def check_groups(rows: list[list[int]], spans: list[tuple[int, int]], num_genera
                              "different prompts; make num_generations match how the prompts are repeated")
 
 
-def generate_groups(generator, rows: list[list[int]], spans: list[tuple[int, int]], params: SamplingParams,
-                    process_index: int) -> RolloutBatch:
-    """One `generate` call per distinct group size (a single call unless the slice cuts groups); the samples in row
-    order, `prompt_index` numbering the groups of the slice."""
-    by_size: dict[int, list[int]] = {}  # group size -> indices of the groups of that size
-    for g, (_, size) in enumerate(spans):
-        by_size.setdefault(size, []).append(g)
-    if len(by_size) == 1:
-        return generator.generate([rows[start] for start, _ in spans], spans[0][1],
-                                  _seeded(params, generator, process_index), use_tqdm=False)
-    samples: list[Sample | None] = [None] * len(rows)
-    elapsed = 0.0
-    for size, groups in by_size.items():
-        batch = generator.generate([rows[spans[g][0]] for g in groups], size,
-                                   _seeded(params, generator, process_index), use_tqdm=False)
-        elapsed += batch.stats["elapsed_s"]
-        for s in batch.samples:
-            group = groups[s.prompt_index]
-            samples[spans[group][0] + s.sample_index] = dataclasses.replace(s, prompt_index=group)
-    return RolloutBatch(samples, stats={"elapsed_s": elapsed, "num_generate_calls": len(by_size)})
-
-
 def trainer_outputs(batch: RolloutBatch, max_tokens: int) -> dict:
     for s in batch.samples:
         assert 1 <= len(s.completion_ids) <= max_tokens and len(s.logprobs) == len(s.completion_ids)
@@ -140,10 +140,10 @@ def trainer_outputs(batch: RolloutBatch, max_tokens: int) -> dict:
             ACCEPTANCE_KEY: [s.acceptance for s in batch.samples]}
 
 
-def _seeded(params: SamplingParams, generator, process_index: int) -> SamplingParams:
-    """A base seed per call and process: processes sharing a prompt group must not draw the same samples."""
-    seed = mix_seed(generator.seed, generator.num_calls, process_index)
-    return dataclasses.replace(params, seed=seed)
+def _seeded(rollout: TrainerRollout, generator) -> SamplingParams:
+    """A base seed per generate call and process: processes sharing a prompt group must not draw the same samples."""
+    seed = mix_seed(generator.seed, generator.num_calls, rollout.process_index)
+    return dataclasses.replace(rollout.params, seed=seed)
 
 
 def _prompt_ids(prompts: list, tokenizer, args, max_model_len: int) -> list[list[int]]:

@@ -6,9 +6,9 @@ changed (gradient accumulation, evaluation, several generations per step). A PEF
 merged into the base weights, under the base model's parameter names. Under DeepSpeed ZeRO-3 the parameters are
 gathered from their shards first (every process takes part: gathering is a collective); FSDP is not supported.
 
-A backend shared by trainer processes (`backend.is_shared`: a vLLM server, named by its `base_url`) is written by
-one process per server, its writer: the lowest-ranked process using that URL (all of them with one server, the
-main process). Every process waits at a barrier, each writer loads the weights into its server, and every process
+An engine that trainer processes share (`generator.is_shared`: a vLLM server at `generator.base_url`) is written by
+one process per server, its writer: the lowest-ranked process using that URL (all of them with one server, the main
+process). Every process waits at a barrier, each writer loads the weights into its server, and every process
 waits again, so that no process rolls out on old weights and no server is written twice.
 """
 
@@ -45,7 +45,7 @@ class WeightSync:
             raise NotImplementedError("ds3_gather_for_generation=False: the generator needs the full weights each "
                                       "step; set ds3_gather_for_generation=True in the GRPOConfig")
         weights = policy_weights(accelerator.unwrap_model(trainer.model), is_zero3)
-        if getattr(self.generator.backend, "is_shared", False):
+        if self.generator.is_shared:
             self._sync_shared(accelerator, weights)
         else:
             self.generator.load_weights(weights)
@@ -56,7 +56,7 @@ class WeightSync:
         """Barrier, each server's writer loads `weights`, barrier (the others still iterate them under ZeRO-3:
         gathering a parameter is a collective)."""
         if self.is_writer is None:
-            self.is_writer = is_writer(accelerator, self.generator.backend.base_url)
+            self.is_writer = is_writer(accelerator, self.generator.base_url)
         accelerator.wait_for_everyone()
         if self.is_writer:
             self.generator.load_weights(weights)

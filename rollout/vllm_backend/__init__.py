@@ -1,9 +1,9 @@
 """vLLM for `RolloutGenerator`: the engine in this process (`backend="vllm"`, inprocess.py) and what a vLLM server
-needs from this project (serve.py, the `python -m rollout serve` launcher). The only package that imports vllm,
+needs from this project (serve.py, the `python -m rollout serve` launcher); what it shares with the server client
+is in rollout/vllm_common.py. The only package that imports vllm,
 and only lazily: importing it (or `rollout`) does not import vllm; building an engine or running the launcher does.
 
     inprocess.py     VLLMBackend: vllm.LLM in this process
-    batch.py         vLLM's outputs -> RolloutBatch (no vllm import; the server client uses it too)
     engine_args.py   the settings the backends need (processed logprobs, per-request metrics, KV size, ...)
     sampler_fix.py   the CPU build's sampler-kernel fix
     worker.py        the worker extension vLLM loads in its workers: the fix, draft-weight reloads

