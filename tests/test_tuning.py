@@ -1,4 +1,4 @@
-"""Deriving the per-batch-size schedule: predicted from acceptance and step costs (spec/adaptive/tuning.py), and measured
+"""Deriving the per-batch-size schedule: predicted from acceptance and step costs (spec/tuning.py), and measured
 by timing rollouts per K (rollout/tune.py)."""
 
 import time
@@ -10,7 +10,7 @@ from rollout import RolloutGenerator, SamplingParams
 from rollout.tune import measure_speeds, schedule_from_measurements
 from spec import BatchSizeSchedule, Proposal
 from spec.adaptive import StepCostModel
-from spec.adaptive.tuning import MeasuredSteps, best_k, predicted_speedup, tuned_schedule
+from spec.tuning import MeasuredSteps, best_k, predicted_speedup, tuned_schedule
 
 ACCEPTANCE = [0.8, 0.6, 0.4]  # vLLM-style per-position rates: each includes the positions before it
 
