@@ -20,7 +20,7 @@ step, and adaptive verification's closed-batch decisions (spec/adaptive/closed_b
 there, more where those hold fewer than 64 requests (the warm-up batches' tokens/s are reported too). HF
 `model.generate` on the same target is one more arm on the default workload. Also reported: verified tokens per
 emitted token per arm, the adaptive arms over the schedule paired repeat by repeat (`paired_ratio`: robust to a slow
-spell of the machine), and the speedup the measured step costs predict for each static K (spec/adaptive/tuning.py).
+spell of the machine), and the speedup the measured step costs predict for each static K (spec/tuning.py).
 
 The targets' comparison, the adaptive arms over the best other arm, is then measured again at each batch size on
 `--confirm-repeats` fresh repeats of just those three arms (`confirm`; 4x that up to 16 requests and 2x at 32, where
@@ -48,7 +48,7 @@ from rollout import RolloutGenerator, SamplingParams, default_model_paths, defau
 from rollout.defaults import DEFAULT_SCHEDULE
 from rollout.tune import repeats_at
 from spec.adaptive.closed_batch import NUM_BATCHES
-from spec.adaptive.tuning import predicted_speedup
+from spec.tuning import predicted_speedup
 
 STATIC_KS = (1, 2, 4, 8)
 MAX_K = max(STATIC_KS)

@@ -25,18 +25,21 @@ import torch
 
 from rollout.request import Request
 from rollout.scheduler import Scheduler, StepPlan
-from spec import (AcceptanceStats, DraftPlan, DrafterConfigError, Proposal, Proposer, RunOutcome, SamplingTensors,
-                  SpeculationPolicy, StepInfo, StepOutcome, VerifyResult, rejection_sample)
+from spec import (AcceptanceStats, DraftPlan, DrafterConfigError, Proposal, Proposer, Runner, RunOutcome,
+                  SamplingTensors, SpeculationPolicy, StepInfo, StepOutcome, VerifyResult, rejection_sample)
 
 
 class Engine:
-    """vocab_size: the target's, which drafts must come from. max_drafter_faults: drafter faults a run tolerates
-    before it stops drafting (module docstring); 0: none, the first fails the run."""
+    """runner: the target's (spec/runner.py). vocab_size: the target's, which drafts must come from.
+    max_drafter_faults: drafter faults a run tolerates before it stops drafting (module docstring); 0: none, the first
+    fails the run. clock: seconds; every time the engine measures (a run's, each step's and its parts', which the
+    policy is told) is read from it alone, so that a test can pass a fake one."""
 
-    def __init__(self, runner, proposer: Proposer | None, policy: SpeculationPolicy,
+    def __init__(self, runner: Runner, proposer: Proposer | None, policy: SpeculationPolicy,
                  k_for_batch_size: Callable[[int], int], *, max_num_seqs: int, max_model_len: int, vocab_size: int,
-                 max_drafter_faults: int = 8):
+                 max_drafter_faults: int = 8, clock: Callable[[], float] = time.perf_counter):
         self.runner = runner
+        self.clock = clock
         self.proposer = proposer
         self.policy = policy
         self.scheduler = Scheduler(max_num_seqs, k_for_batch_size)
@@ -57,21 +60,21 @@ class Engine:
 
     def step(self) -> list[Request]:
         """One engine step; returns the requests it finished."""
-        start = time.perf_counter()
+        start = self.clock()
         requests, info, condense_seconds = self._plan()
         plan = self.policy.draft_limits(info)
         drafted, draft_seconds = self._timed(self._propose, requests, plan)
         proposal = drafted.prefix(self.policy.select(info, drafted, draft_seconds))
         (result, finished), verify_seconds = self._timed(self._verify_and_commit, requests, proposal, plan.k)
         self.policy.observe(info, StepOutcome(proposal, result.num_accepted, drafted.num_draft_tokens,
-                                              time.perf_counter() - start, draft_seconds, verify_seconds,
+                                              self.clock() - start, draft_seconds, verify_seconds,
                                               condense_seconds))
         return finished
 
     def run(self, on_finish: Callable[[Request], None] = lambda r: None) -> float:
-        """Step until every added request is finished; returns the wall time in seconds. On an error, nothing of
-        the run stays behind (module docstring)."""
-        start = time.perf_counter()
+        """Step until every added request is finished; returns the seconds it took, by the clock (the wall time
+        unless a test's). On an error, nothing of the run stays behind (module docstring)."""
+        start = self.clock()
         requests = list(self.scheduler.waiting)
         is_closed = not self.scheduler.running and len(requests) <= self.scheduler.max_num_seqs
         try:
@@ -85,7 +88,7 @@ class Engine:
         except BaseException as error:
             self._release_all(error)
             raise
-        return time.perf_counter() - start
+        return self.clock() - start
 
     def _release_all(self, error: BaseException) -> None:
         """Every running request leaves the scheduler and the drafter, and every cache slot is freed, whatever the
@@ -189,11 +192,10 @@ class Engine:
                    for r, drafts in zip(requests, proposal.token_ids)]
         return proposal.prefix(lengths)
 
-    @staticmethod
-    def _timed(function, *args):
+    def _timed(self, function, *args):
         """function(*args) and the seconds it took."""
-        start = time.perf_counter()
-        return function(*args), time.perf_counter() - start
+        start = self.clock()
+        return function(*args), self.clock() - start
 
     def _verify_and_commit(self, requests: list[Request], proposal: Proposal,
                            k: int) -> tuple[VerifyResult, list[Request]]:

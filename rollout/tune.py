@@ -7,7 +7,7 @@ its own step costs and its own rollouts decide, so the printed schedule is for v
 
 Two steps. (1) Predict: roll out the prompts (`--prompts`, else the default task's) once at the largest K to
 measure acceptance per draft position, measure the step costs, and predict each K's speedup per batch size
-(spec/adaptive/tuning.py). (2) Measure (unless
+(spec/tuning.py). (2) Measure (unless
 `--predict-only`): at each batch size of a doubling grid, roll out the same prompts with every candidate K (0,
 powers of two up to the largest K, and the predicted best) as a one-range schedule on the same generator,
 interleaved, over `--repeats` prompt sets, and keep the smallest K that the fastest does not beat by `--min-gain`
@@ -28,7 +28,7 @@ from rollout.prompt_files import read_prompts
 from rollout.sampling_params import SamplingParams
 from spec.adaptive.cost_profile import doubling_grid
 from spec.schedule import BatchSizeSchedule
-from spec.adaptive.tuning import best_k, smallest_k_within, tuned_schedule
+from spec.tuning import best_k, smallest_k_within, tuned_schedule
 
 _REPORTED_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from spec.kv_cache import KVCache
 from spec.padded_runner import PaddedRunner, check_forward_args, prepare_model, resolve_device_dtype
+from spec.runner import Runner
 
 MAX_WIDE_FRACTION = 1 / 8  # of the rows, for attention in two blocks (_attention_parts)
 
@@ -160,7 +161,8 @@ def _attention_mask(starts, lens, max_new: int, max_len: int, dtype) -> torch.Te
 
 
 class RaggedRunner:
-    """Ragged forward for Llama-family HF causal LMs, reusing the HF module's weights and submodules.
+    """Ragged forward for Llama-family HF causal LMs, reusing the HF module's weights and submodules; a Runner
+    (spec/runner.py).
 
     The model is used as is when already on `device` in `dtype` (weights shared, so in-place weight updates
     are seen by the next forward); otherwise the runner works on a converted copy. Its train/eval mode is
@@ -296,7 +298,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch
     return x * cos + torch.cat((x2, x1), dim=-1) * signed_sin
 
 
-def build_runner(model, max_num_seqs: int, max_model_len: int, device=None, dtype=None):
+def build_runner(model, max_num_seqs: int, max_model_len: int, device=None, dtype=None) -> Runner:
     """RaggedRunner when the architecture is supported, else the padded HF-forward fallback."""
     runner_cls = RaggedRunner if is_supported(model, max_model_len) else PaddedRunner
     return runner_cls(model, max_num_seqs, max_model_len, device=device, dtype=dtype)

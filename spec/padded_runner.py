@@ -3,7 +3,7 @@
 It keeps each slot's token ids instead of keys/values and recomputes every row from its first token on each call:
 slow (cost grows with sequence length, not with the new tokens) but correct for any architecture that takes
 `input_ids`, `attention_mask` (and `position_ids` when its forward has them). `RaggedRunner` in
-`spec/model_runner.py` is the fast path for Llama-family models; both share this interface.
+`spec/model_runner.py` is the fast path for Llama-family models; both implement `Runner` (spec/runner.py).
 """
 
 import contextlib
@@ -56,7 +56,7 @@ def eval_mode(model):
 
 
 class PaddedRunner:
-    """Same interface as `RaggedRunner`; state is the token ids of each slot."""
+    """A Runner (spec/runner.py) whose state is the token ids of each slot."""
 
     def __init__(self, model, max_num_seqs: int, max_model_len: int, device=None, dtype=None):
         self.device, self.dtype = resolve_device_dtype(model, device, dtype)

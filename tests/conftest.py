@@ -43,3 +43,29 @@ def step_cost_cache(tmp_path_factory):
         folder = tmp_path_factory.mktemp("step_costs")
         patch.setenv("SPEC_ROLLOUTS_CACHE", str(folder))
         yield folder
+
+
+class FakeClock:
+    """A clock (seconds) that only `advance` moves, for timing tests that assert exact seconds, not wall time."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def engine_clock(monkeypatch):
+    """A FakeClock that is the clock of every engine the embedded backend builds during the test."""
+    import functools
+
+    from rollout import embedded
+    from rollout.engine import Engine
+
+    clock = FakeClock()
+    monkeypatch.setattr(embedded, "Engine", functools.partial(Engine, clock=clock))
+    return clock

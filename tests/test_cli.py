@@ -12,7 +12,7 @@ from rollout import default_model_paths, default_prompts
 from rollout.cli import K_LEGEND, build_parser
 from rollout.default_task import format_prompt, reward
 from spec import SpecConfig
-from spec.adaptive.tuning import MIN_GAIN
+from spec.tuning import MIN_GAIN
 
 
 ROOT = Path(__file__).resolve().parents[1]

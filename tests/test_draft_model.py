@@ -1,10 +1,14 @@
 """DraftModelProposer on tiny random models: drafts, rollback, sampling, prefix sharing, limits."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from conftest import FakeClock
 from spec.model_runner import PaddedRunner, RaggedRunner
+from spec.proposers import draft_model
 from spec.proposers.base import DraftRequest
 from spec.proposers.draft_model import DraftModelProposer
 
@@ -285,14 +289,23 @@ def test_sampled_drafts_and_a_drafter_not_asked_reveal_nothing(model):
         assert proposer.propose([request], [2], reveal=reveal).revealed is None
 
 
-def test_each_forward_after_the_first_is_timed(model):
+def test_each_forward_after_the_first_is_timed(model, monkeypatch):
     """Proposal.forward_seconds: (rows, seconds) of each further forward, what one more draft costs (the cost model
-    learns from them); the first forward, which feeds the uncached tokens, is not one of them."""
+    learns from them); the first forward, which feeds the uncached tokens, is not one of them. On a clock that only a
+    forward advances (by 1 s a row), each entry spans exactly one forward."""
+    clock = FakeClock()
+    monkeypatch.setattr(draft_model, "time", SimpleNamespace(perf_counter=clock))
     proposer = DraftModelProposer(model, max_num_seqs=2, max_model_len=64)
+    runner_forward = proposer.runner.forward
+
+    def forward(slots, *args):
+        clock.advance(len(slots))
+        return runner_forward(slots, *args)
+
+    proposer.runner.forward = forward
     requests = [_request(0, _tokens(6, 70)), _request(1, _tokens(4, 71))]
     proposal = proposer.propose(requests, [3, 1])
-    assert [rows for rows, _ in proposal.forward_seconds] == [1, 1]  # drafts 2 and 3 of request 0 alone
-    assert all(seconds > 0 for _, seconds in proposal.forward_seconds)
+    assert proposal.forward_seconds == [(1, 1.0), (1, 1.0)]  # drafts 2 and 3 of request 0 alone
 
 
 def test_release_all_drops_every_request_and_the_next_propose_starts_afresh(model):

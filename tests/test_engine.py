@@ -1,7 +1,6 @@
 """End-to-end engine behaviour on tiny random models: losslessness, logprobs, stops, records, determinism."""
 
 import gc
-import time
 
 import pytest
 import torch
@@ -148,21 +147,24 @@ def test_the_batch_is_condensed_into_its_lowest_slots(target, draft):
         assert sample.logprobs == pytest.approx(expected, abs=1e-4)  # as in the test above
 
 
-def test_the_moves_are_timed_apart_from_a_step_s_other_work(target):
+def test_the_moves_are_timed_apart_from_a_step_s_other_work(target, engine_clock):
     """The policy is told each step's moves apart from its drafting and verification (spec/policy.py StepOutcome;
-    closed-batch replays charge the moves once per batch): a move made to take 20 ms is counted in condense_seconds,
-    and in no other part of the step."""
+    closed-batch replays charge the moves once per batch). On a clock that only a move (1 s) and a target forward
+    (100 s) advance, each step's condense_seconds is its moves, its verify_seconds its one forward, its other parts
+    nothing, and the run's seconds are its steps'."""
     gen = RolloutGenerator(target, max_num_seqs=8, max_model_len=24)
     outcomes, moves = [], []
     gen.backend.speculation.policy = Recording(outcomes)
-    copy_prefix = gen.backend.runner.copy_prefix
-    gen.backend.runner.copy_prefix = lambda *args: moves.append(time.sleep(0.02)) or copy_prefix(*args)
+    runner = gen.backend.runner
+    copy_prefix, forward = runner.copy_prefix, runner.forward
+    runner.copy_prefix = lambda *args: moves.append(engine_clock.advance(1.0)) or copy_prefix(*args)
+    runner.forward = lambda *args: engine_clock.advance(100.0) or forward(*args)
     prompts = [[5 + i] * length for i, length in enumerate((2, 9, 4, 12, 1, 7, 3, 6))]
-    gen.generate(prompts, 1, SamplingParams(temperature=1.0, max_tokens=30, seed=3), use_tqdm=False)
-    condensed = sum(o.condense_seconds for o in outcomes)
-    other = sum(o.seconds - o.draft_seconds - o.verify_seconds - o.condense_seconds for o in outcomes)
-    assert moves and condensed >= 0.02 * len(moves)
-    assert other < 0.02 * len(moves)
+    batch = gen.generate(prompts, 1, SamplingParams(temperature=1.0, max_tokens=30, seed=3), use_tqdm=False)
+    assert moves and sum(o.condense_seconds for o in outcomes) == len(moves)
+    assert all(o.verify_seconds == 100.0 and o.draft_seconds == 0.0 for o in outcomes)
+    assert all(o.seconds == o.condense_seconds + o.verify_seconds for o in outcomes)
+    assert batch.stats["elapsed_s"] == sum(o.seconds for o in outcomes) == engine_clock.now
 
 
 class Recording(StaticPolicy):

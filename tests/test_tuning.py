@@ -1,7 +1,6 @@
-"""Deriving the per-batch-size schedule: predicted from acceptance and step costs (spec/adaptive/tuning.py), and measured
+"""Deriving the per-batch-size schedule: predicted from acceptance and step costs (spec/tuning.py), and measured
 by timing rollouts per K (rollout/tune.py)."""
 
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +9,7 @@ from rollout import RolloutGenerator, SamplingParams
 from rollout.tune import measure_speeds, schedule_from_measurements
 from spec import BatchSizeSchedule, Proposal
 from spec.adaptive import StepCostModel
-from spec.adaptive.tuning import MeasuredSteps, best_k, predicted_speedup, tuned_schedule
+from spec.tuning import MeasuredSteps, best_k, predicted_speedup, tuned_schedule
 
 ACCEPTANCE = [0.8, 0.6, 0.4]  # vLLM-style per-position rates: each includes the positions before it
 
@@ -74,23 +73,28 @@ def test_measured_schedule_switches_between_grid_points_at_their_geometric_mean(
     BatchSizeSchedule(ranges, 4)  # valid under the schedule rules
 
 
-class SlowDrafter:
-    """Echoes the last tokens, but takes 200 ms per call: tens of times the default target's step, on a loaded
-    machine too."""
+class EchoDrafter:
+    """Echoes the last tokens."""
 
     def __init__(self, config):
         pass
 
     def propose(self, requests, max_num_tokens):
-        time.sleep(0.2)
         tokens = [r.token_ids[-k:] if k else [] for r, k in zip(requests, max_num_tokens)]
         return Proposal(tokens, [[0.5] * len(t) for t in tokens])
 
 
-def test_measured_tuning_picks_k0_where_drafting_costs_more_than_it_gives():
-    static = {"method": "custom_class", "model": f"{__name__}.SlowDrafter", "num_speculative_tokens": 2}
-    generator = RolloutGenerator("default", speculative_config=static, max_num_seqs=4)
+def test_measured_tuning_picks_k0_where_drafting_costs_more_than_it_gives(target, engine_clock):
+    """The engine's clock (a fake one) charges each target forward 10 ms and each drafter call 200 ms: a speculative
+    step costs 21 plain ones and emits at most 1 + K tokens a row, so the measured speeds favour K = 0 by far and the
+    schedule never speculates."""
+    static = {"method": "custom_class", "model": f"{__name__}.EchoDrafter", "num_speculative_tokens": 2}
+    generator = RolloutGenerator(target, speculative_config=static, max_num_seqs=4)
+    propose, forward = generator.backend.proposer.propose, generator.backend.runner.forward
+    generator.backend.proposer.propose = lambda *args, **kwargs: engine_clock.advance(0.2) or propose(*args, **kwargs)
+    generator.backend.runner.forward = lambda *args: engine_clock.advance(0.01) or forward(*args)
     speeds = measure_speeds(generator, 4, [0, 1, 2], SamplingParams(temperature=1.0, max_tokens=12),
-                            SimpleNamespace(num_generations=1, seed=0, repeats=1))
-    assert speeds[0] > 3 * max(speeds[1], speeds[2])  # a 200 ms drafter against 5-20 ms steps
+                            SimpleNamespace(num_generations=1, seed=0, repeats=1),
+                            lambda n, seed: [[5 + (seed + i) % 40] * 3 for i in range(n)])
+    assert speeds[0] > 3 * max(speeds[1], speeds[2])
     assert schedule_from_measurements({1: speeds, 4: speeds}, 4, min_gain=1.02) == [[1, 4, 0]]

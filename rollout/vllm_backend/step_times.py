@@ -1,4 +1,4 @@
-"""vLLM's own step times per batch size and K, for `python -m rollout tune --backend vllm` (spec/adaptive/tuning.py
+"""vLLM's own step times per batch size and K, for `python -m rollout tune --backend vllm` (spec/tuning.py
 predicts each K's speedup from them and the measured acceptance).
 
 One in-process engine, built with the largest K and a schedule (only then does vLLM's scheduler read its dense
@@ -12,7 +12,7 @@ includes the drafter's K forwards and the target's (K + 1)-token verification, w
 import time
 
 from rollout.vllm_backend.inprocess import VLLMBackend
-from spec.adaptive.tuning import MeasuredSteps
+from spec.tuning import MeasuredSteps
 
 
 def measure_step_times(backend: VLLMBackend, prompt_ids: list[list[int]], batch_sizes: list[int], ks: list[int],

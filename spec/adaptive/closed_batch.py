@@ -31,7 +31,7 @@ from typing import NamedTuple
 from spec.adaptive.batch_replay import BatchTiming, Trace, prefill_seconds, replayed_seconds
 from spec.metrics import RequestAcceptance
 from spec.adaptive.step_cost import StepCostModel
-from spec.adaptive.tuning import smallest_k_within
+from spec.tuning import smallest_k_within
 
 MIN_REQUESTS = 2  # a closed batch has at least 2 requests (module docstring)
 NUM_BATCHES = 3  # a size's decisions use its last 3 batches at least: one batch replays with its own luck

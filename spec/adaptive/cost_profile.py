@@ -22,6 +22,7 @@ import torch
 
 from spec.proposers.base import DraftRequest
 from spec.rejection import rejection_sample
+from spec.runner import Runner
 from spec.sampling import SamplingTensors
 from spec.adaptive.monotone import isotonic
 from spec.adaptive.step_cost import StepCostModel
@@ -49,7 +50,7 @@ def cache_key(target_model, draft_model, dtype: torch.dtype, device: torch.devic
             "max_num_seqs": max_num_seqs, "max_tokens_per_row": max_tokens_per_row}
 
 
-def load_or_profile(key: dict, target_runner, drafter, max_model_len: int,
+def load_or_profile(key: dict, target_runner: Runner | None, drafter, max_model_len: int,
                     refresh: bool = False) -> StepCostModel:
     """The cached table for `key`, or (none cached, or refresh) a fresh profile, then cached."""
     path = cache_path(key)
@@ -75,7 +76,7 @@ def save(costs: StepCostModel, key: dict) -> None:
 
 
 @torch.inference_mode()
-def profile(target_runner, drafter, max_num_seqs: int, max_tokens_per_row: int,
+def profile(target_runner: Runner, drafter, max_num_seqs: int, max_tokens_per_row: int,
             max_model_len: int) -> StepCostModel:
     """Seconds on this hardware. Verification: a target forward plus rejection sampling of its logits. Drafting:
     one `drafter.propose` call per timing, one token per row (a draft-model proposer; None for model-free
@@ -88,7 +89,7 @@ def profile(target_runner, drafter, max_num_seqs: int, max_tokens_per_row: int,
     return _monotone(verify, draft, ragged)
 
 
-def _time_verification(runner, grid: list[int], widths: list[int], context: int):
+def _time_verification(runner: Runner, grid: list[int], widths: list[int], context: int):
     """{num_reqs: {num_reqs * width: seconds}} of uniform widths, and {num_reqs: (tokens, seconds)} of half the rows
     at the widest width and half at one (num_reqs >= 2)."""
     slots = [runner.allocate() for _ in range(max(grid))]
@@ -109,7 +110,7 @@ def _time_verification(runner, grid: list[int], widths: list[int], context: int)
             runner.free(slot)
 
 
-def _verify(runner, slots: list[int], widths: list[int], context: int) -> None:
+def _verify(runner: Runner, slots: list[int], widths: list[int], context: int) -> None:
     logits = runner.forward(slots, [[3] * w for w in widths], widths)
     sampling = SamplingTensors.build([1.0] * len(slots), device=logits.device)
     rejection_sample(logits, [[3] * (w - 1) for w in widths], sampling, torch.rand(sum(widths), 2))

@@ -188,7 +188,7 @@ class StepCostModel:
 
     def step_seconds(self, batch_size: int, k: int) -> float:
         """A decoding step with K drafts per row: K draft forwards of B rows and one verification of B (K + 1) tokens
-        (the embedded engine's step, for spec/adaptive/tuning.py)."""
+        (the embedded engine's step, for spec/tuning.py)."""
         return self.draft_cost([batch_size] * k) + self.verify_cost(batch_size, batch_size * (k + 1))
 
     def draft_cost(self, rows_per_forward) -> float:
