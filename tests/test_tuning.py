@@ -90,8 +90,8 @@ def test_measured_tuning_picks_k0_where_drafting_costs_more_than_it_gives(target
     schedule never speculates."""
     static = {"method": "custom_class", "model": f"{__name__}.EchoDrafter", "num_speculative_tokens": 2}
     generator = RolloutGenerator(target, speculative_config=static, max_num_seqs=4)
-    propose, forward = generator.backend.proposer.propose, generator.backend.runner.forward
-    generator.backend.proposer.propose = lambda *args, **kwargs: engine_clock.advance(0.2) or propose(*args, **kwargs)
+    propose, forward = generator.backend.speculation.proposer.propose, generator.backend.runner.forward
+    generator.backend.speculation.proposer.propose = lambda *args, **kwargs: engine_clock.advance(0.2) or propose(*args, **kwargs)
     generator.backend.runner.forward = lambda *args: engine_clock.advance(0.01) or forward(*args)
     speeds = measure_speeds(generator, 4, [0, 1, 2], SamplingParams(temperature=1.0, max_tokens=12),
                             SimpleNamespace(num_generations=1, seed=0, repeats=1),
