@@ -11,18 +11,21 @@ from dataclasses import dataclass, field
 from spec.checks import check_bool, check_int, check_number, check_optional_int
 from spec.schedule import BatchSizeSchedule
 
-EMBEDDED_METHODS = ("draft_model", "ngram", "suffix", "custom_class")
+EMBEDDED_METHODS = ("draft_model", "ngram", "suffix", "history", "custom_class")
 VLLM_ONLY_METHODS = ("eagle", "eagle3", "mtp", "dflash", "dspark", "medusa", "mlp_speculator")
 REJECTION_SAMPLE_METHODS = ("standard", "synthetic", "block")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
-EMBEDDED_ONLY_KEYS = ("suffix_decoding_max_cached_tokens",)  # read by the embedded engine; never sent to vLLM
+# read by the embedded engine; never sent to vLLM
+EMBEDDED_ONLY_KEYS = ("suffix_decoding_max_cached_tokens", "history_max_rollouts_per_prompt", "history_max_tokens")
 
 
 @dataclass
 class SpecConfig:
     """Speculative decoding settings.
 
-    method: drafter; the embedded engine runs `draft_model`, `ngram`, `suffix`, `custom_class`; the vLLM-only
+    method: drafter; the embedded engine runs `draft_model`, `ngram`, `suffix`, `history` (suffix decoding over each
+        prompt's earlier rollouts, its live siblings and a global cache: spec/proposers/suffix.py), `custom_class`;
+        the vLLM-only
         methods (`eagle`, `eagle3`, `mtp`, `dflash`, `dspark`, ...) are accepted here for the vLLM backend.
     model: draft model path (`draft_model`, vLLM's drafter methods) or "pkg.module.Class" (`custom_class`).
     num_speculative_tokens: the most draft tokens per request per step (K), >= 1.
@@ -39,6 +42,9 @@ class SpecConfig:
     suffix_decoding_max_cached_tokens: tokens kept in that cache (0: none), oldest rollouts evicted first; both
         bounds apply. Embedded engine only (vLLM's cache has no token bound; to_vllm refuses a non-default value).
     suffix_decoding_max_spec_factor: drafts per request at most this factor x the match length.
+    history_max_rollouts_per_prompt: `history`: a prompt's latest rollouts kept as drafts for its next ones.
+    history_max_tokens: `history`: tokens kept over all prompts (4 bytes each), least recently used prompts evicted
+        first. Embedded engine only, like the other history key.
     suffix_decoding_min_token_prob: stop speculating below this continuation frequency.
     draft_tensor_parallel_size, max_model_len, parallel_drafting, use_heterogeneous_vocab: passed to vLLM.
 
@@ -62,6 +68,8 @@ class SpecConfig:
     suffix_decoding_max_cached_tokens: int = 100_000
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
+    history_max_rollouts_per_prompt: int = 16
+    history_max_tokens: int = 50_000_000  # 200 MB of int32 tokens
     draft_tensor_parallel_size: int | None = None
     max_model_len: int | None = None
     parallel_drafting: bool = False
@@ -96,7 +104,7 @@ class SpecConfig:
             self.model = os.fspath(self.model)
         if self.model is not None and not isinstance(self.model, str):
             raise ValueError(f"model={self.model!r}: must be a path (str) or \"pkg.module.Class\" (custom_class)")
-        if self.method not in ("ngram", "suffix") and not self.model:
+        if self.method not in ("ngram", "suffix", "history") and not self.model:
             fix = '"pkg.module.Class"' if self.method == "custom_class" else "a path to the draft model"
             raise ValueError(f"model={self.model!r}: method {self.method!r} needs a model; set model to {fix}")
 
@@ -117,6 +125,10 @@ class SpecConfig:
                      lambda factor: factor > 0)
         check_number("suffix_decoding_min_token_prob", self.suffix_decoding_min_token_prob, "in [0, 1]",
                      lambda prob: 0 <= prob <= 1)
+        check_int("history_max_rollouts_per_prompt", self.history_max_rollouts_per_prompt, 0,
+                  hint=" (a prompt's latest rollouts kept as drafts; 0 keeps none)")
+        check_int("history_max_tokens", self.history_max_tokens, 0,
+                  hint=" (tokens of history kept over all prompts, 4 bytes each; 0 keeps none)")
 
     @classmethod
     def from_dict(cls, config: dict) -> "SpecConfig":
@@ -182,7 +194,7 @@ class SpecConfig:
         vLLM reads for this method (n-gram and suffix sizes are always passed, so both engines use the same ones).
 
         NotImplementedError for what vLLM does not run: adaptive verification with a drafter other than DSpark,
-        `custom_class` drafters (they implement this project's Proposer protocol, not vLLM's), and an
+        `custom_class` and `history` drafters (they implement this project's Proposer protocol, not vLLM's), and an
         embedded-only key (EMBEDDED_ONLY_KEYS) set away from its default; those keys are never passed.
         """
         if self.enable_adaptive_verification and self.method != "dspark":
@@ -190,10 +202,11 @@ class SpecConfig:
                 f"enable_adaptive_verification=True with method={self.method!r}: vLLM runs adaptive verification "
                 "for method='dspark' only; set it to false (K then follows num_speculative_tokens_per_batch_size) "
                 "or use the embedded engine (backend=\"embedded\"), which runs it for every drafter")
-        if self.method == "custom_class":
+        if self.method in ("custom_class", "history"):
             raise NotImplementedError(
-                f"method='custom_class' (model={self.model!r}): the class implements this project's Proposer "
-                "protocol (spec/proposers/base.py), which vLLM cannot run; use backend=\"embedded\"")
+                f"method={self.method!r} (model={self.model!r}): the drafter implements this project's Proposer "
+                "protocol (spec/proposers/base.py), which vLLM cannot run; use backend=\"embedded\" (on vLLM, "
+                "method 'suffix' is vLLM's own suffix decoding)")
         defaults = {f.name: f.default for f in dataclasses.fields(self) if f.init}
         for name in EMBEDDED_ONLY_KEYS:
             if getattr(self, name) != defaults.pop(name):

@@ -14,11 +14,14 @@ def build_proposer(config: SpecConfig, *, draft_model=None, max_num_seqs: int, m
     if config.method == "ngram":
         from spec.proposers.ngram import NgramProposer
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
-    if config.method == "suffix":
+    if config.method in ("suffix", "history"):
+        from spec.proposers.history import HistoryStore
         from spec.proposers.suffix import SuffixProposer
+        history = HistoryStore(config.history_max_rollouts_per_prompt, config.history_max_tokens) \
+            if config.method == "history" else None
         return SuffixProposer(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests,
                               config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob,
-                              config.suffix_decoding_max_cached_tokens)
+                              config.suffix_decoding_max_cached_tokens, history=history)
     if config.method == "custom_class":
         from spec.proposers.custom import CustomProposer
         return CustomProposer(config)

@@ -1,10 +1,13 @@
-"""Suffix decoding (vLLM's `method: "suffix"`; Oliaro et al. 2024, arXiv 2411.04975), adapted to RL rollouts.
+"""Suffix decoding (vLLM's `method: "suffix"`; Oliaro et al. 2024, arXiv 2411.04975), adapted to RL rollouts, and
+the rollout-history drafter (`method: "history"`) built on it.
 
 Two sources of drafts, both count-annotated suffix tries (spec/proposers/suffix_tree.py):
 - a group trie per prompt (request.group_id): each request of the group is one sequence there (its prompt and
   committed output), brought up to date at every propose(). A request matches its own prompt and output and the
-  outputs of its sibling completions, including siblings that already finished. Freed when the group's last
-  member finishes.
+  outputs of its sibling completions, including siblings that already finished. With a rollout history
+  (spec/proposers/history.py), the trie also holds the prompt's earlier rollouts (prompt + output, each distinct
+  output once, weighted by how many rollouts produced it), inserted when the group's first request is seen; every
+  finished output goes to the history. Freed when the group's last member finishes.
 - a global trie of the outputs of the last finished requests, at most max_cached_requests of them holding at most
   max_cached_tokens tokens (both bounds apply: requests alone do not bound memory), evicted oldest first. An
   output longer than max_cached_tokens is not cached.
@@ -23,6 +26,7 @@ from typing import Sequence
 
 from spec.checks import check_int, check_number
 from spec.proposers.base import DraftRequest, Proposal
+from spec.proposers.history import HistoryStore
 from spec.proposers.suffix_tree import SuffixTree
 
 
@@ -33,11 +37,13 @@ class _Group:
 
 
 class SuffixProposer:
-    """Model-free drafter; point proposals (draft_probs=None). Arguments are vLLM's `suffix_decoding_*` keys."""
+    """Model-free drafter; point proposals (draft_probs=None). Arguments are vLLM's `suffix_decoding_*` keys, and
+    `history`: the rollout history that group tries start from and finished outputs go to (None: none)."""
 
     def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
-                 min_token_prob: float = 0.1, max_cached_tokens: int = 100_000):
+                 min_token_prob: float = 0.1, max_cached_tokens: int = 100_000, history: HistoryStore | None = None):
         _check_config(max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob, max_cached_tokens)
+        self.history = history
         self.max_tree_depth = max_tree_depth
         self.max_cached_requests = max_cached_requests
         self.max_cached_tokens = max_cached_tokens
@@ -47,6 +53,7 @@ class SuffixProposer:
         self._global_trie = SuffixTree(max_tree_depth)
         self._cached_seq_ids: deque[int] = deque()  # global trie sequences, oldest first
         self._next_seq_ids = itertools.count()
+        self._history_seq_ids = itertools.count(-1, -1)  # history sequences in group tries: never a req_id
 
     @property
     def num_groups(self) -> int:
@@ -88,13 +95,29 @@ class SuffixProposer:
             else:
                 del self._groups[request.group_id]
         self._cache_output(request.output_token_ids)
+        if self.history is not None:
+            self.history.add(request.token_ids[:request.num_prompt_tokens], request.output_token_ids)
+
+    def release_all(self) -> None:
+        """Drop every group trie (a failed call's, or a faulted step's): the next propose rebuilds the tries of the
+        requests it is given. The global cache and the history keep only finished outputs, so they stay."""
+        self._groups.clear()
 
     def _sync(self, request: DraftRequest) -> None:
         group = self._groups.get(request.group_id)
         if group is None:
-            group = self._groups[request.group_id] = _Group(SuffixTree(self.max_tree_depth))
+            group = self._groups[request.group_id] = _Group(self._group_trie(request))
         group.live_req_ids.add(request.req_id)
         self._extend(group.trie, request)
+
+    def _group_trie(self, request: DraftRequest) -> SuffixTree:
+        """A new group's trie: its prompt's rollout history, each distinct output once with its count."""
+        trie = SuffixTree(self.max_tree_depth)
+        if self.history is not None:
+            prompt = list(request.token_ids[:request.num_prompt_tokens])
+            for entry in self.history.outputs(prompt):
+                trie.add(next(self._history_seq_ids), prompt + entry.tokens.tolist(), weight=entry.count)
+        return trie
 
     def _extend(self, trie: SuffixTree, request: DraftRequest) -> None:
         """Insert the tokens of request.token_ids that its sequence in trie does not have yet."""

@@ -30,6 +30,7 @@ class SuffixTree:
         self._children: dict[int, dict[int, int]] = {}  # only nodes that have children
         self._free_ids: list[int] = []
         self._seqs: dict[int, list[int]] = {}
+        self._weights: dict[int, int] = {}  # per sequence, what each of its substrings adds to the counts
         # per sequence, the nodes of its suffixes of length 0..max_depth-1 (root first): where the next token hangs
         self._active_nodes: dict[int, list[int]] = {}
 
@@ -42,7 +43,7 @@ class SuffixTree:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens inserted, over every sequence (the root's count)."""
+        """Tokens inserted, over every sequence, each counted by its sequence's weight (the root's count)."""
         return self._counts[ROOT]
 
     @property
@@ -53,10 +54,14 @@ class SuffixTree:
         """The tokens inserted for seq_id (the trie's own list: do not modify it)."""
         return self._seqs[seq_id]
 
-    def add(self, seq_id: int, token_ids: Sequence[int] = ()) -> None:
+    def add(self, seq_id: int, token_ids: Sequence[int] = (), weight: int = 1) -> None:
+        """A new sequence; weight w counts it as w identical sequences (at the cost of one)."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already in the trie; use extend() to append to it")
+        if type(weight) is not int or weight < 1:
+            raise ValueError(f"weight={weight!r}: a sequence counts as an integer number >= 1 of sequences")
         self._seqs[seq_id] = []
+        self._weights[seq_id] = weight
         self._active_nodes[seq_id] = [ROOT]
         self.extend(seq_id, token_ids)
 
@@ -67,7 +72,8 @@ class SuffixTree:
     def append(self, seq_id: int, token: int) -> None:
         """Count every substring (of length <= max_depth) that ends at the new token: O(max_depth)."""
         self._seqs[seq_id].append(token)
-        self._counts[ROOT] += 1
+        weight = self._weights[seq_id]
+        self._counts[ROOT] += weight
         active_nodes = self._active_nodes[seq_id]
         for i, node in enumerate(active_nodes):
             children = self._children.get(node)
@@ -76,7 +82,7 @@ class SuffixTree:
             child = children.get(token)
             if child is None:
                 child = children[token] = self._new_node()
-            self._counts[child] += 1
+            self._counts[child] += weight
             active_nodes[i] = child
         active_nodes.insert(0, ROOT)
         if len(active_nodes) > self.max_depth:
@@ -85,13 +91,14 @@ class SuffixTree:
     def remove(self, seq_id: int) -> None:
         """Uncount every substring of the sequence and delete the nodes whose count drops to 0: O(n * max_depth)."""
         seq = self._seqs.pop(seq_id)
+        weight = self._weights.pop(seq_id)
         del self._active_nodes[seq_id]
-        self._counts[ROOT] -= len(seq)
+        self._counts[ROOT] -= weight * len(seq)
         for start in range(len(seq)):
             node = ROOT
             for token in seq[start:start + self.max_depth]:
                 child = self._children[node][token]
-                self._counts[child] -= 1
+                self._counts[child] -= weight
                 if self._counts[child] == 0:
                     # every occurrence below it is inside this sequence too: the whole subtree goes
                     self._delete_child(node, token)
