@@ -3,6 +3,8 @@ verification, and schedule + adaptive verification, side by side, on two workloa
 
     python examples/bench_speculation.py [--batch-sizes 1,2,4,...,256] [--repeats 24] [--min-repeats 10]
         [--confirm-repeats 32] [--output-dir DIR]
+    python examples/bench_speculation.py --batch-sizes 1,2 --repeats 1 --min-repeats 1 --warmup 1 \\
+        --confirm-repeats 1 --max-tokens 16 --threads 1 --output-dir /tmp/bench_speculation   # a smoke run
 
 Workloads: `default` (the default task's arithmetic prompts, which the draft predicts well) and `mixed` (half of
 them, half strings of digits and signs that are not questions, on which the draft's acceptance is ~4x lower), so
@@ -282,7 +284,8 @@ def main() -> None:
     parser.add_argument("--workloads", default="default,mixed")
     parser.add_argument("--repeats", type=int, default=24)
     parser.add_argument("--min-repeats", type=int, default=10)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64,
+                        help="per completion; the K = 8 arm must draft at all 8 positions, so at least about 16")
     parser.add_argument("--warmup", type=int, default=3,
                         help="untimed batches per arm at each batch size before the timed ones")
     parser.add_argument("--confirm-repeats", type=int, default=32,
