@@ -89,9 +89,7 @@ class VLLMBackend(VLLMCommon):
         _run_in_process()
         _prepare_platform(kwargs.get("tensor_parallel_size", 1))
         shm_before = set(os.listdir(_SHM)) if os.path.isdir(_SHM) else set()
-        start = time.perf_counter()
         self.llm = _build_llm(vllm, kwargs, spec)
-        self.startup_s = time.perf_counter() - start
         _unlink_at_exit(shm_before)
 
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params, seed: int,
