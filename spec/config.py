@@ -194,7 +194,8 @@ class SpecConfig:
         vLLM reads for this method (n-gram and suffix sizes are always passed, so both engines use the same ones).
 
         NotImplementedError for what vLLM does not run: adaptive verification with a drafter other than DSpark,
-        `custom_class` and `history` drafters (they implement this project's Proposer protocol, not vLLM's), and an
+        `custom_class` and `history` drafters (they implement this project's Proposer protocol, not vLLM's), suffix
+        decoding with a per-batch-size schedule (vLLM's asserts one K), and an
         embedded-only key (EMBEDDED_ONLY_KEYS) set away from its default; those keys are never passed.
         """
         if self.enable_adaptive_verification and self.method != "dspark":
@@ -207,6 +208,11 @@ class SpecConfig:
                 f"method={self.method!r} (model={self.model!r}): the drafter implements this project's Proposer "
                 "protocol (spec/proposers/base.py), which vLLM cannot run; use backend=\"embedded\" (on vLLM, "
                 "method 'suffix' is vLLM's own suffix decoding)")
+        if self.method == "suffix" and self.num_speculative_tokens_per_batch_size is not None:
+            raise NotImplementedError(
+                "method='suffix' with num_speculative_tokens_per_batch_size on vLLM: vLLM's suffix decoder asserts "
+                "one K for every step (vllm/v1/spec_decode/suffix_decoding.py) and fails mid-generate; drop the "
+                "schedule (the suffix drafter drafts only where its match is long enough anyway)")
         defaults = {f.name: f.default for f in dataclasses.fields(self) if f.init}
         for name in EMBEDDED_ONLY_KEYS:
             if getattr(self, name) != defaults.pop(name):

@@ -148,3 +148,14 @@ def test_the_suffix_token_bound_is_embedded_only():
     assert build_proposer(bounded, max_num_seqs=2, max_model_len=64).max_cached_tokens == 500
     with pytest.raises(NotImplementedError, match="suffix_decoding_max_cached_tokens=500 is read by the embedded"):
         bounded.to_vllm()
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"method": "history", "num_speculative_tokens": 4}, "method='history'"),
+    ({"method": "suffix", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 8, 4]]},
+     "asserts one K"),
+    ({"method": "suffix", "num_speculative_tokens": 4, "history_max_tokens": 10}, "history_max_tokens=10"),
+])
+def test_what_vllm_cannot_run_is_refused_with_the_reason(config, message):
+    with pytest.raises(NotImplementedError, match=message):
+        SpecConfig.from_dict(config).to_vllm()
