@@ -172,3 +172,19 @@ def test_the_verified_depth_follows_the_live_batch_size_through_a_call():
     assert depth[512][0] < depth[4][0] <= depth[1][0]
     assert depth[512] == [depth[512][0]] * 2 and depth[4] == [depth[4][0]] * 2  # the big call left nothing behind
     assert depth[512][0] >= 1  # a draft surviving with 0.95 pays in a full batch at half a row-token
+
+
+def test_a_drafter_written_off_is_tried_again_every_32_steps():
+    """Draft forwards that never pay stop being drafted, and the calibrator then learns nothing: every 32 steps
+    without a verified draft, every row drafts and verifies a first draft, so a drafter that got better is seen."""
+    costs = StepCostModel({4: {4: 1.0, 36: 1.0}}, {1: 0.5, 8: 0.5})  # a forward costs half a step
+    policy = _policy(costs)
+    step = _step(range(4), [2] * 4)
+    policy.rate, policy.threshold = 4.0, 0.9  # a draft pays only above 0.9, and a forward costs 2 tokens' worth
+    plans = []
+    for _ in range(40):
+        plans.append(sum(policy.draft_limits(step).num_drafts))
+        verified = policy.select(step, _sure(4, plans[-1] // 4), draft_seconds=0.0) if plans[-1] else [0] * 4
+        policy.observe(step, _outcome(_sure(4, 1).prefix(verified), [0] * 4))
+        policy.rate, policy.threshold = 4.0, 0.9
+    assert plans[:32] == [0] * 32 and plans[32] == 4 and plans[33:] == [0] * 7

@@ -43,6 +43,9 @@ from spec.proposers.base import Proposal
 _REQUEST_PRIOR = 2.0  # a request's factor starts as if 2 drafts had been accepted as predicted
 _REQUEST_TOLERANCE = 0.8  # a request's factor counts only below this ratio of accepted to predicted drafts
 _REQUEST_MEMORY = 0.8  # per step, the weight of a request's earlier outcomes
+_EXPLORE_STEPS = 32  # a drafter with forwards to pay for that drafted nothing for 32 steps drafts a first draft for
+# every row: the calibrator learns only from verified drafts, and a drafter that got better (a refresh, a prompt's
+# history) would otherwise never be tried again; at most one draft forward in 32 steps
 _OBSERVE_BATCH = 64  # judged drafts handed to the calibrator at once (or 1/16 of those it has, if more): an update
 # costs a few hundred microseconds whatever its size, and the map moves little in that many
 
@@ -64,6 +67,8 @@ class AdaptivePolicy:
         self._requests: dict[int, list[float]] = {}  # request -> [drafts accepted, calibrated predictions, the step
         # they were last updated at]; fading is applied when they are next read
         self._step = 0  # steps observed
+        self._last_drafted = 0  # the last step that verified a draft
+        self._is_exploring = False  # this step drafts and verifies a first draft for every row (_EXPLORE_STEPS)
         self._forward_prices: tuple[float, list[float]] = (0.0, [])  # rate x D(m) for m = 1, 2, .., and that rate
 
     def begin_run(self) -> None:
@@ -77,6 +82,9 @@ class AdaptivePolicy:
         return DraftPlan(self._depths(step), step.k_max)
 
     def select(self, step: StepInfo, proposal: Proposal, draft_seconds: float) -> list[int]:
+        if self._is_exploring:
+            self._is_exploring = False
+            return proposal.num_draft_tokens
         if self._shape is None or self._shape.num_reqs != step.num_reqs:
             self._shape = self.costs.verify_shape(step.num_reqs)
         survival = self.survival(step.req_ids, proposal.confidence)
@@ -89,6 +97,8 @@ class AdaptivePolicy:
     def observe(self, step: StepInfo, outcome: StepOutcome) -> None:
         verified = outcome.verified
         self._step += 1
+        if any(verified.num_draft_tokens):
+            self._last_drafted = self._step
         self._judge(step.req_ids, verified.confidence, outcome.num_accepted)
         if self.refine:
             self._refine(step, verified, outcome.verify_seconds)
@@ -116,6 +126,9 @@ class AdaptivePolicy:
         drafter without forwards to pay for (n-gram, suffix: no draft cost table) drafts up to each row's most."""
         if not self.rate or self.costs.draft is None:
             return list(step.max_drafts)
+        if self._step - self._last_drafted >= _EXPLORE_STEPS:
+            self._is_exploring = True
+            return [min(1, most) for most in step.max_drafts]
         acceptance_rate = self.calibrator.acceptance_rate
         factors = [self._factor(req_id) for req_id in step.req_ids]
         depths, survival = [0] * step.num_reqs, [1.0] * step.num_reqs

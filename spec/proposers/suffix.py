@@ -73,17 +73,23 @@ class SuffixProposer:
         return self._global_trie.num_nodes
 
     def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
+        return self.propose_matched(requests, max_num_tokens)[0]
+
+    def propose_matched(self, requests: Sequence[DraftRequest],
+                        max_num_tokens: Sequence[int]) -> tuple[Proposal, list[int]]:
+        """The proposal, and per request the length of the context suffix its drafts continue (0: no drafts)."""
         if len(requests) != len(max_num_tokens):
             raise ValueError(f"got {len(requests)} requests and {len(max_num_tokens)} max_num_tokens; "
                              "pass one cap per request")
         for request in requests:  # every trie is current before any request reads it
             self._sync(request)
-        token_ids, confidence = [], []
+        token_ids, confidence, match_lengths = [], [], []
         for request, k in zip(requests, max_num_tokens):
-            drafts, conf = self._propose_one(request, k)
+            drafts, conf, match_length = self._propose_one(request, k)
             token_ids.append(drafts)
             confidence.append(conf)
-        return Proposal(token_ids=token_ids, confidence=confidence, draft_probs=None)
+            match_lengths.append(match_length if drafts else 0)
+        return Proposal(token_ids=token_ids, confidence=confidence, draft_probs=None), match_lengths
 
     def finish(self, request: DraftRequest) -> None:
         group = self._groups.get(request.group_id)
@@ -129,9 +135,9 @@ class SuffixProposer:
                              "new request a new req_id")
         trie.extend(request.req_id, request.token_ids[len(inserted):])
 
-    def _propose_one(self, request: DraftRequest, k: int) -> tuple[list[int], list[float]]:
+    def _propose_one(self, request: DraftRequest, k: int) -> tuple[list[int], list[float], int]:
         if k <= 0:
-            return [], []
+            return [], [], 0
         best = self._speculate(self._groups[request.group_id].trie, request.token_ids, k)
         if self._global_trie.num_seqs:
             other = self._speculate(self._global_trie, request.token_ids, k)
@@ -139,11 +145,11 @@ class SuffixProposer:
                 best = other
         return best
 
-    def _speculate(self, trie: SuffixTree, context: list[int], k: int) -> tuple[list[int], list[float]]:
+    def _speculate(self, trie: SuffixTree, context: list[int], k: int) -> tuple[list[int], list[float], int]:
         drafts, probs, match_length = trie.match(context, k, self.min_token_prob)
         # the epsilon keeps float error (0.1 * 30 = 3.0000000000000004) from adding a draft
         num_allowed = min(k, math.ceil(self.max_spec_factor * match_length - 1e-9))
-        return drafts[:num_allowed], probs[:num_allowed]
+        return drafts[:num_allowed], probs[:num_allowed], match_length
 
     def _cache_output(self, output_token_ids: list[int]) -> None:
         """Cache a finished output, first evicting the oldest ones until both bounds hold with it."""
