@@ -254,8 +254,10 @@ def train(run: ShapeRun, prompts: list[str], args) -> None:
                           train_dataset=Dataset.from_dict({"prompt": prompts}),
                           processing_class=run.generator.tokenizer, rollout_func=run.rollout_func)
     trainer.remove_callback(PrinterCallback)
-    run.result["trainer_log"] = trainer.state.log_history  # filled in as it trains
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        run.result["trainer_log"] = trainer.state.log_history
 
 
 def reward_correct(prompts, completions, **kwargs) -> list[float]:

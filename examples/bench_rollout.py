@@ -3,7 +3,7 @@ task, for every way this project (and TRL, and vLLM) can generate it.
 
     python examples/bench_rollout.py [--shapes 8x8,32x8,64x8] [--repeats 3] [--arms ...] [--output-dir DIR]
     python examples/bench_rollout.py --shapes 2x2 --repeats 1 --arms no_spec,k4,trl_generate \\
-        --max-completion-length 32 --output-dir /tmp/bench_rollout                 # a smoke run
+        --max-completion-length 32 --threads 1 --greedy-check 2 --output-dir /tmp/bench_rollout   # a smoke run
 
 Arms (`--arms`, default all): TRL's own generation (`trl_generate`: GRPOTrainer with use_vllm=False); vLLM's CPU build
 through backend="vllm" with no speculation, static K = --vllm-k and the default schedule (`vllm_no_spec`, `vllm_k4`,
@@ -49,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--shapes", default="8x8,32x8,64x8", help="PROMPTSxGENERATIONS per process, comma-separated")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats of the largest shape (more for smaller)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats of the largest shape; a shape of R rows "
+                   "gets max(repeats, repeats x the largest shape's rows / R / 2)")
     p.add_argument("--warmup", type=int, default=3, help="untimed batches per shape for the adaptive arms")
     p.add_argument("--arms", default=",".join(("trl_generate", *VLLM, *EMBEDDED)))
     p.add_argument("--vllm-k", type=int, default=4, help="K of the vLLM static arm")
@@ -97,9 +98,8 @@ class Worker:
 
 def worker_command(arms: list[str], python: str, args) -> list[str]:
     """bench_rollout_worker.py serving `arms`."""
-    max_rows = max(p * g for p, g in shapes(args.shapes))
     command = [python, str(Path(__file__).with_name("bench_rollout_worker.py")), "--arms", ",".join(arms),
-               "--max-rows", str(max_rows), "--max-completion-length", str(args.max_completion_length),
+               "--max-rows", str(max_rows(args.shapes)), "--max-completion-length", str(args.max_completion_length),
                "--max-model-len", str(64 + args.max_completion_length), "--device", args.device,
                "--dtype", args.dtype, "--seed", str(args.seed)]
     if args.tuned_config and "tuned" in arms:
@@ -111,12 +111,17 @@ def shapes(spec: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in shape.split("x")) for shape in spec.split(",")]
 
 
+def max_rows(spec: str) -> int:
+    """The rows of the largest shape in `spec`."""
+    return max(p * g for p, g in shapes(spec))
+
+
 def tune(args, output_dir: Path) -> str:
     """The schedule `python -m rollout tune` derives for the default pair at the largest shape's batch sizes."""
     path = output_dir / "bench_rollout_tuned_config.json"
-    max_rows = max(p * g for p, g in shapes(args.shapes))
-    subprocess.run([sys.executable, "-m", "rollout", "tune", "--max-num-seqs", str(max_rows), "--max-k", "8",
-                    "--max-tokens", str(args.max_completion_length), "--output", str(path), "--no-progress"],
+    subprocess.run([sys.executable, "-m", "rollout", "tune", "--max-num-seqs", str(max_rows(args.shapes)),
+                    "--max-k", "8", "--max-tokens", str(args.max_completion_length), "--output", str(path),
+                    "--no-progress"],
                    check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
     return str(path)
 
@@ -143,7 +148,7 @@ def run(args, arms: list[str], workers: dict[str, Worker]) -> dict:
         for arm in arms:  # untimed: first-call costs; adaptive arms learn the shape's closed batches
             for warm in range(args.warmup if arm in ADAPTIVE else 1):
                 workers[arm].ask({**request, "arm": arm, "prompt_seed": 10_000 + warm})
-        num_repeats = max(args.repeats, args.repeats * 512 // (num_prompts * num_generations) // 2)
+        num_repeats = max(args.repeats, args.repeats * max_rows(args.shapes) // (num_prompts * num_generations) // 2)
         for repeat in range(num_repeats):
             order = arms[repeat % len(arms):] + arms[:repeat % len(arms)]
             for arm in order:

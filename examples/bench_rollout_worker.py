@@ -54,9 +54,9 @@ class Recorded:
     def __init__(self, inner):
         self.inner, self.steps, self._start, self._k = inner, [], 0.0, 0
 
-    def begin_run(self, num_requests, is_closed):
+    def begin_run(self):
         self.steps, self._start = [], time.perf_counter()
-        self.inner.begin_run(num_requests, is_closed)
+        self.inner.begin_run()
 
     def draft_limits(self, step):
         plan = self.inner.draft_limits(step)
@@ -72,8 +72,8 @@ class Recorded:
                            round(outcome.seconds, 6)])
         self.inner.observe(step, outcome)
 
-    def end_run(self, run):
-        self.inner.end_run(run)
+    def end_run(self):
+        self.inner.end_run()
 
     def stats(self):
         return self.inner.stats()

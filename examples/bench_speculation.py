@@ -3,6 +3,8 @@ verification, and schedule + adaptive verification, side by side, on two workloa
 
     python examples/bench_speculation.py [--batch-sizes 1,2,4,...,256] [--repeats 24] [--min-repeats 10]
         [--confirm-repeats 32] [--output-dir DIR]
+    python examples/bench_speculation.py --batch-sizes 1,2 --repeats 1 --min-repeats 1 --warmup 1 \\
+        --confirm-repeats 1 --max-tokens 16 --threads 1 --output-dir /tmp/bench_speculation   # a smoke run
 
 Workloads: `default` (the default task's arithmetic prompts, which the draft predicts well) and `mixed` (half of
 them, half strings of digits and signs that are not questions, on which the draft's acceptance is ~4x lower), so
@@ -13,11 +15,10 @@ interleaved (the arm order rotates every repeat) so that machine noise hits ever
 prompts and a new seed (the same for every arm), and tokens/s is all repeats' tokens over their time: a small
 batch's speed depends on how its completions happen to end, so it gets `--repeats` rollouts and larger batches
 proportionally fewer, at least `--min-repeats` (the machine's timing noise is then what is left to average out).
-Adaptive arms keep their calibration, refined costs and closed-batch records across calls, as a training run does,
-and start afresh for each workload, as a new training run does; every arm runs once untimed first, and then
-`--warmup` untimed batches at each batch size before its timed ones: a training run repeats its batch size every
-step, and adaptive verification's closed-batch decisions (spec/adaptive/closed_batch.py) use a batch size's last 3 batches
-there, more where those hold fewer than 64 requests (the warm-up batches' tokens/s are reported too). HF
+Adaptive arms keep their calibration and refined costs across calls, as a training run does, and start afresh for
+each workload, as a new training run does; every arm runs once untimed first, and then `--warmup` untimed batches at
+each batch size before its timed ones, as a training run repeats its batch size every step (the warm-up batches'
+tokens/s are reported too). HF
 `model.generate` on the same target is one more arm on the default workload. Also reported: verified tokens per
 emitted token per arm, the adaptive arms over the schedule paired repeat by repeat (`paired_ratio`: robust to a slow
 spell of the machine), and the speedup the measured step costs predict for each static K (spec/tuning.py).
@@ -47,7 +48,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts
 from rollout.defaults import DEFAULT_SCHEDULE
 from rollout.tune import repeats_at
-from spec.adaptive.closed_batch import NUM_BATCHES
 from spec.tuning import predicted_speedup
 
 STATIC_KS = (1, 2, 4, 8)
@@ -284,8 +284,9 @@ def main() -> None:
     parser.add_argument("--workloads", default="default,mixed")
     parser.add_argument("--repeats", type=int, default=24)
     parser.add_argument("--min-repeats", type=int, default=10)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--warmup", type=int, default=NUM_BATCHES,
+    parser.add_argument("--max-tokens", type=int, default=64,
+                        help="per completion; the K = 8 arm must draft at all 8 positions, so at least about 16")
+    parser.add_argument("--warmup", type=int, default=3,
                         help="untimed batches per arm at each batch size before the timed ones")
     parser.add_argument("--confirm-repeats", type=int, default=32,
                         help="fresh repeats of the adaptive arms and the best other arm at each batch size "

@@ -62,6 +62,16 @@ class Backend(Protocol):
         """Run `speculation` (from build_speculation) from the next call on."""
         ...
 
+    def save_rollout_history(self, path) -> bool:
+        """Write the drafter's rollout history (method "history") to `path`; False, writing nothing, where the
+        drafter keeps none."""
+        ...
+
+    def load_rollout_history(self, path) -> bool:
+        """Replace the drafter's rollout history with the one at `path`; False where the drafter keeps none.
+        ValueError (the history unchanged) for a file that is not a complete history for this model."""
+        ...
+
     def measure_step_times(self, prompt_ids: list[list[int]], batch_sizes: list[int], ks: list[int]):
         """The engine's step seconds by batch size and K (a spec.tuning.StepTimes), for the schedule tuner;
         prompt_ids fill the timed batches where the backend times whole steps."""

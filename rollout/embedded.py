@@ -97,6 +97,18 @@ class EmbeddedBackend:
             raise ValueError(f"speculation={speculation!r}: pass what build_speculation returned")
         self.speculation = speculation
 
+    def save_rollout_history(self, path) -> bool:
+        history = getattr(self.speculation.proposer, "history", None)
+        if history is not None:
+            history.save(path)
+        return history is not None
+
+    def load_rollout_history(self, path) -> bool:
+        history = getattr(self.speculation.proposer, "history", None)
+        if history is not None:
+            history.load(path, vocab_size=self.model.config.vocab_size)
+        return history is not None
+
     def use_schedule(self, schedule: list[list[int]]) -> None:
         """Follow `schedule` ([[start, end, K], ...]) from the next call on; the drafter drafts as many tokens as each
         step asks for, so only the config changes (what `rollout tune` times)."""

@@ -25,7 +25,7 @@ import torch
 
 from rollout.request import Request
 from rollout.scheduler import Scheduler, StepPlan
-from spec import (AcceptanceStats, DraftPlan, DrafterConfigError, Proposal, Proposer, Runner, RunOutcome,
+from spec import (AcceptanceStats, DraftPlan, DrafterConfigError, Proposal, Proposer, Runner,
                   SamplingTensors, SpeculationPolicy, StepInfo, StepOutcome, VerifyResult, rejection_sample)
 
 
@@ -75,16 +75,12 @@ class Engine:
         """Step until every added request is finished; returns the seconds it took, by the clock (the wall time
         unless a test's). On an error, nothing of the run stays behind (module docstring)."""
         start = self.clock()
-        requests = list(self.scheduler.waiting)
-        is_closed = not self.scheduler.running and len(requests) <= self.scheduler.max_num_seqs
         try:
-            self.policy.begin_run(len(requests), is_closed)
+            self.policy.begin_run()
             while self.has_unfinished:
                 for request in self.step():
                     on_finish(request)
-            self.policy.end_run(RunOutcome([len(r.output_ids) for r in requests],
-                                           [r.max_completion_len(self.max_model_len) for r in requests],
-                                           [r.acceptance for r in requests]))
+            self.policy.end_run()
         except BaseException as error:
             self._release_all(error)
             raise
@@ -157,7 +153,7 @@ class Engine:
         if self.proposer is None or not any(plan.num_drafts) or is_off:
             return _no_drafts(len(requests))
         try:
-            proposal = self.proposer.propose([r.draft_view() for r in requests], plan.num_drafts, reveal=plan.reveal)
+            proposal = self.proposer.propose([r.draft_view() for r in requests], plan.num_drafts)
             proposal.validate(plan.num_drafts, source=self._drafter_name(), vocab_size=self.vocab_size)
         except DrafterConfigError:
             raise
@@ -223,8 +219,6 @@ class Engine:
         self.stats.observe_step(len(requests), k)
         self.num_steps += 1
         finished = []
-        for request, outcomes in zip(requests, proposal.revealed or ()):
-            request.acceptance.revealed.update(outcomes)
         for request, drafts, tokens, logprobs, num_accepted in zip(
                 requests, proposal.token_ids, result.token_ids, result.logprobs, result.num_accepted):
             request.acceptance.observe(len(drafts), num_accepted)

@@ -155,6 +155,19 @@ class RolloutGenerator:
         with self._lock:
             self.backend.use_speculation(speculation)
 
+    def save_rollout_history(self, path) -> bool:
+        """Write the drafter's rollout history (method "history": each prompt's latest rollouts) to `path`, one .npz
+        file; False, writing nothing, where the drafter keeps none. SpecRolloutCallback saves it with each trainer
+        checkpoint."""
+        with self._lock:
+            return self.backend.save_rollout_history(path)
+
+    def load_rollout_history(self, path) -> bool:
+        """Replace the drafter's rollout history with the one saved at `path`; False where the drafter keeps none.
+        ValueError, the history unchanged, for a file that is not a complete history for this model."""
+        with self._lock:
+            return self.backend.load_rollout_history(path)
+
     def measure_step_times(self, prompt_ids: list[list[int]] | None = None, batch_sizes: list[int] | None = None,
                            ks: list[int] | None = None):
         """This engine's step seconds by batch size and K (a spec.tuning.StepTimes), what `rollout tune` predicts

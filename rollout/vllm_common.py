@@ -65,6 +65,11 @@ class VLLMCommon:
 
     use_speculation = build_speculation
 
+    def save_rollout_history(self, path) -> bool:
+        return False  # vLLM's own drafters keep their caches to themselves
+
+    load_rollout_history = save_rollout_history
+
 
 def require_local(path: str | None, field: str) -> str:
     if path is None:

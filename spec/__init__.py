@@ -5,7 +5,7 @@ imports."""
 
 from spec.config import SpecConfig
 from spec.metrics import AcceptanceStats, RequestAcceptance
-from spec.policy import DraftPlan, RunOutcome, SpeculationPolicy, StaticPolicy, StepInfo, StepOutcome
+from spec.policy import DraftPlan, SpeculationPolicy, StaticPolicy, StepInfo, StepOutcome
 from spec.proposers import DrafterConfigError, DraftRequest, Proposal, Proposer, build_proposer
 from spec.rejection import VerifyResult, rejection_sample
 from spec.runner import Runner
@@ -16,6 +16,6 @@ from spec.uniforms import PositionUniforms
 __all__ = [
     "AcceptanceStats", "BatchSizeSchedule", "DraftPlan", "DrafterConfigError", "DraftRequest", "PositionUniforms",
     "Proposal", "Proposer",
-    "RequestAcceptance", "RunOutcome", "Runner", "SamplingTensors", "SpecConfig", "SpeculationPolicy", "StaticPolicy",
+    "RequestAcceptance", "Runner", "SamplingTensors", "SpecConfig", "SpeculationPolicy", "StaticPolicy",
     "StepInfo", "StepOutcome", "VerifyResult", "build_proposer", "processed_logprobs", "rejection_sample",
 ]

@@ -26,8 +26,6 @@ class RequestAcceptance:
     num_accepted_per_position: list[int] = field(default_factory=list)
     k_per_step: list[int] = field(default_factory=list)  # drafts offered at each step, 0 included
     num_accepted_per_step: list[int] = field(default_factory=list)  # of them accepted, at each step
-    revealed: dict[int, bool] = field(default_factory=dict)  # completion position -> whether a draft there would
-    # have been accepted, where none was verified (Proposal.revealed); for the closed-batch replays, not reported
 
     @classmethod
     def sized(cls, num_speculative_tokens: int) -> "RequestAcceptance":

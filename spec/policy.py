@@ -4,11 +4,10 @@ An engine step is plan -> propose -> select -> verify -> commit -> observe. The 
 before drafting, `draft_limits` (how many drafts each request may draft, within the schedule's K and the request's
 room), and after it, `select` (how many of each request's drafts are verified: a prefix). After verification,
 `observe` hands it what was found and what the step cost. `begin_run` and `end_run` bracket one run of the engine
-(one `generate` call). Whatever a policy decides, verification stays lossless: with point proposals the emitted
+(one `generate` call): a policy's per-request state lasts a run. Whatever a policy decides, verification stays lossless: with point proposals the emitted
 tokens do not depend on which drafts are offered, only how fast they come.
 
-Everything a drafter tells the policy (confidences, revealed outcomes, its forwards' times) travels in its
-`Proposal`; a policy never calls the drafter, and the drafter never calls the policy.
+Everything a drafter tells the policy (confidences, its forwards' times) travels in its `Proposal`; a policy never calls the drafter, and the drafter never calls the policy.
 
 `StaticPolicy` is the per-batch-size schedule as vLLM runs it: every request drafts K = schedule[batch size]
 (capped by its room) and verifies all of them. Adaptive verification (spec/adaptive/) is the other policy.
@@ -17,7 +16,6 @@ Everything a drafter tells the policy (confidences, revealed outcomes, its forwa
 from dataclasses import dataclass
 from typing import Protocol
 
-from spec.metrics import RequestAcceptance
 from spec.proposers.base import Proposal
 
 
@@ -46,8 +44,6 @@ class DraftPlan:
 
     num_drafts: list[int]  # the most drafts per row (0: none); never above StepInfo.max_drafts
     k: int  # the step's K, for the metrics (`k_per_batch_size`): the most drafts any row was allowed
-    reveal: bool = False  # ask a drafter that can to report, in Proposal.revealed, whether its drafts at committed
-    # positions that no verified draft covered would have been accepted
 
 
 @dataclass
@@ -63,18 +59,9 @@ class StepOutcome:
     condense_seconds: float  # moving requests down the cache past finished ones
 
 
-@dataclass
-class RunOutcome:
-    """A finished run: per request, its completion length, the most it had room for, and its acceptance record."""
-
-    lengths: list[int]
-    max_lengths: list[int]
-    records: list[RequestAcceptance]
-
-
 class SpeculationPolicy(Protocol):
-    def begin_run(self, num_requests: int, is_closed: bool) -> None:
-        """A run of num_requests starts; is_closed: all of them run from its first step on (none waits)."""
+    def begin_run(self) -> None:
+        """A run (one generate call) starts."""
 
     def draft_limits(self, step: StepInfo) -> DraftPlan:
         ...
@@ -86,8 +73,8 @@ class SpeculationPolicy(Protocol):
     def observe(self, step: StepInfo, outcome: StepOutcome) -> None:
         ...
 
-    def end_run(self, run: RunOutcome) -> None:
-        ...
+    def end_run(self) -> None:
+        """The run finished."""
 
     def stats(self) -> dict:
         """The policy's own figures for a call's stats (flat, numeric)."""
@@ -97,7 +84,7 @@ class SpeculationPolicy(Protocol):
 class StaticPolicy:
     """The per-batch-size schedule: every row drafts the schedule's K (within its room) and verifies them all."""
 
-    def begin_run(self, num_requests: int, is_closed: bool) -> None:
+    def begin_run(self) -> None:
         pass
 
     def draft_limits(self, step: StepInfo) -> DraftPlan:
@@ -109,7 +96,7 @@ class StaticPolicy:
     def observe(self, step: StepInfo, outcome: StepOutcome) -> None:
         pass
 
-    def end_run(self, run: RunOutcome) -> None:
+    def end_run(self) -> None:
         pass
 
     def stats(self) -> dict:

@@ -67,6 +67,7 @@ def _config(method, **extra):
 CONFIGS = {
     "ngram": lambda target, draft: (_config("ngram", prompt_lookup_min=1), None),
     "suffix": lambda target, draft: (_config("suffix"), None),
+    "history": lambda target, draft: (_config("history"), None),
     "draft_model": lambda target, draft: (_config("draft_model"), draft),
     "custom_class": lambda target, draft: (_config("custom_class", model=f"{__name__}.EchoDrafter"), None),
 }

@@ -1,10 +1,10 @@
 """AdaptivePolicy (spec/adaptive/policy.py) on its own: survival, the draft depths it plans before drafting, the
-budget it selects, the rate it prices with, what it learns from each step, and closed batches under their cap."""
+budget it selects, the rate it prices with, what it learns from each step, and how it follows a batch's drain."""
 
 import numpy as np
 import pytest
 
-from spec import Proposal, RequestAcceptance, RunOutcome, StepInfo, StepOutcome
+from spec import Proposal, StepInfo, StepOutcome
 from spec.adaptive import AdaptivePolicy, ConfidenceCalibrator, StepCostModel
 
 FLAT = {"verify": {n: {n: 1.0, 9 * n: 1.0} for n in (1, 2, 4, 8)}, "draft": {1: 0.01, 8: 0.01}}
@@ -120,7 +120,7 @@ def test_drafting_never_prices_time_below_the_rate_of_a_step_without_drafts():
 def test_a_request_whose_confident_drafts_keep_failing_stops_being_offered_drafts():
     costs = StepCostModel({2: {2: 1.0, 10: 1.8}}, {1: 0.01, 2: 0.01})  # a verified draft costs 0.1 s
     policy = _policy(costs)
-    policy.begin_run(2, is_closed=False)
+    policy.begin_run()
     step, sure = _step([7, 8], [4, 4]), _sure(2)
 
     def observed(num_accepted, rounds, verified=sure):
@@ -135,7 +135,7 @@ def test_a_request_whose_confident_drafts_keep_failing_stops_being_offered_draft
     observed([0, 4], 20, verified=Proposal([[], [3] * 4], [[], [0.95] * 4]))  # 7 gets none: its record fades
     assert policy.select(step, sure, draft_seconds=0.0) == [4, 4]
     observed([0, 4], 10)
-    policy.begin_run(2, is_closed=False)  # a new run starts every request from the prior
+    policy.begin_run()  # a new run starts every request from the prior
     assert policy.select(step, sure, draft_seconds=0.0) == [4, 4]
 
 
@@ -154,31 +154,21 @@ def test_steps_refine_the_costs_from_their_times_but_prefills_not_the_verify_cur
     assert costs.draft_cost([2]) == pytest.approx(0.2 * 23 / 21)
 
 
-def test_a_closed_batch_under_its_cap_drafts_and_verifies_up_to_the_cap_for_every_request():
-    policy = _policy(FLAT)
-    policy.closed_batch.k_max = lambda num_reqs: 2  # its size's replays chose K = 2
-    policy.begin_run(3, is_closed=True)
-    step = _step([0, 1, 2], [4, 1, 4])
-    plan = policy.draft_limits(step)
-    assert plan.num_drafts == [2, 1, 2] and plan.k == 2 and plan.reveal  # revealing for the batch's replays
-    unsure = Proposal([[3, 3], [3], [3, 3]], [[0.01, 0.01], [0.01], [0.01, 0.01]])
-    assert policy.select(step, unsure, draft_seconds=0.0) == [2, 1, 2]  # verified however unsure
-    policy.begin_run(1, is_closed=True)  # a lone request is no closed batch: no cap, no replay
-    assert policy.cap is None and not policy.is_closed
-
-
-def test_a_closed_batch_is_replayed_at_its_end_and_its_size_capped_from_then_on():
-    policy = _policy(FLAT)
-    assert policy.closed_batch.k_max(2) is None
-    policy.begin_run(2, is_closed=True)
-    step = _step([0, 1], [2, 2])
-    records = [RequestAcceptance.sized(4), RequestAcceptance.sized(4)]
-    for _ in range(3):  # three steps of 2 drafts per request, all accepted: 3 tokens a step
-        policy.draft_limits(step)
-        verified = policy.select(step, _sure(2, 2), draft_seconds=0.01)
-        policy.observe(step, _outcome(_sure(2, 2).prefix(verified), [2, 2]))
-        for record in records:
-            record.observe(2, 2)
-    policy.end_run(RunOutcome([9, 9], [20, 20], records))
-    # replayed at K = 0 .. 4 (the schedule's K): with every draft accepted and verification free, the deepest K
-    assert policy.closed_batch.k_max(2) == 4
+def test_the_verified_depth_follows_the_live_batch_size_through_a_call():
+    """No K is fixed for a call: as a batch drains, the same drafts are verified shallow where a verified token costs
+    a large share of a row (a full batch) and deep where it costs little (its tail), and a later small call drafts
+    whatever the size of the call before it."""
+    # a step of n rows verifying t tokens costs n x 0.01 + 0.5 x (t - n) x 0.01 s: a draft half a row-token at any
+    # size, plus a fixed 0.05 s a step, which a large batch spreads over many rows
+    costs = StepCostModel({n: {n: 0.05 + 0.01 * n, 9 * n: 0.05 + 0.05 * n} for n in (1, 4, 64, 512)})
+    policy = _policy(costs)
+    drafts = Proposal([[3] * 4], [[0.95, 0.9, 0.6, 0.3]])
+    depth = {}
+    for num_reqs in (512, 64, 4, 1, 512, 4):
+        step = _step(range(num_reqs), [4] * num_reqs)
+        proposal = Proposal(drafts.token_ids * num_reqs, drafts.confidence * num_reqs)
+        assert policy.draft_limits(step).num_drafts == [4] * num_reqs  # a model-free drafter drafts to the cap
+        depth.setdefault(num_reqs, []).append(policy.select(step, proposal, draft_seconds=0.0)[0])
+    assert depth[512][0] < depth[4][0] <= depth[1][0]
+    assert depth[512] == [depth[512][0]] * 2 and depth[4] == [depth[4][0]] * 2  # the big call left nothing behind
+    assert depth[512][0] >= 1  # a draft surviving with 0.95 pays in a full batch at half a row-token

@@ -245,50 +245,6 @@ def test_fallback_runner_drafts_greedily_too():
             _commit(request, drafts, 1, extra_token=3)
 
 
-def _revealed_by_the_model(model, request, positions):
-    """For each completion position, whether the model's greedy draft from the committed tokens before it is the
-    committed token there: one full HF forward."""
-    with torch.no_grad():
-        predicted = model(torch.tensor([request.token_ids])).logits[0].argmax(-1).tolist()
-    start = request.num_prompt_tokens
-    return {p: predicted[start + p - 1] == request.token_ids[start + p] for p in positions}
-
-
-@pytest.mark.parametrize("make_model", [_llama, _gpt2], ids=["ragged", "padded"])
-def test_the_first_forward_reveals_whether_undrafted_positions_would_have_been_accepted(make_model):
-    model = make_model()
-    proposer = DraftModelProposer(model, max_num_seqs=2, max_model_len=64)
-    request, other = _request(0, _tokens(6, 50)), _request(1, _tokens(4, 51))
-    first = proposer.propose([request, other], [3, 2], reveal=True)
-    assert first.revealed == [{}, {}]  # prompts only
-    # every draft accepted, then a bonus token the model does not predict: its position, 3, was never drafted
-    bonus = (_greedy(model, request.token_ids + first.token_ids[0], 1)[0] + 1) % VOCAB
-    _commit(request, first.token_ids[0], 3, bonus)
-    _commit(other, first.token_ids[1], 0, 5)  # rejected at once: its position 0 was verified
-    second = proposer.propose([request, other], [2, 2], reveal=True)
-    assert second.revealed == [{3: False}, {}]
-    # request 0: rejected first draft (position 4 verified), then two steps without drafts appending the model's
-    # greedy token and a token it does not predict
-    _commit(request, second.token_ids[0], 0, 11)
-    greedy = _greedy(model, request.token_ids, 1)[0]
-    request.token_ids += [greedy, (_greedy(model, request.token_ids + [greedy], 1)[0] + 1) % VOCAB]
-    _commit(other, second.token_ids[1], 2, 7)
-    third = proposer.propose([request, other], [1, 1], reveal=True)
-    assert third.revealed[0] == _revealed_by_the_model(model, request, [5, 6]) == {5: True, 6: False}
-    assert third.revealed[1] == _revealed_by_the_model(model, other, [3]) and third.token_ids[0] == _greedy(
-        model, request.token_ids, 1)  # the row's draft still comes from its last token's logits
-
-
-def test_sampled_drafts_and_a_drafter_not_asked_reveal_nothing(model):
-    for proposer, reveal in ((DraftModelProposer(model, max_num_seqs=1, max_model_len=64), False),
-                             (DraftModelProposer(model, max_num_seqs=1, max_model_len=64,
-                                                 draft_sample_method="probabilistic"), True)):
-        request = _request(0, _tokens(5, 60), temperature=1.0, generator=torch.Generator().manual_seed(0))
-        proposal = proposer.propose([request], [2], reveal=reveal)
-        _commit(request, proposal.token_ids[0], 2, 3)  # both accepted: the bonus token's position was not drafted
-        assert proposer.propose([request], [2], reveal=reveal).revealed is None
-
-
 def test_each_forward_after_the_first_is_timed(model, monkeypatch):
     """Proposal.forward_seconds: (rows, seconds) of each further forward, what one more draft costs (the cost model
     learns from them); the first forward, which feeds the uncached tokens, is not one of them. On a clock that only a

@@ -151,9 +151,9 @@ def _failing_finish(request):
 
 
 def test_a_cleanup_that_fails_too_is_noted_on_the_original_error(target, monkeypatch):
-    """A drafter whose finish() raises as well: the target's slots are all freed all the same, and the error seen
-    is the original one, the finish() errors noted on it."""
-    generator = RolloutGenerator(target, speculative_config={"method": "suffix", "num_speculative_tokens": 3},
+    """A drafter without release_all whose finish() raises as well: the target's slots are all freed all the same,
+    and the error seen is the original one, the finish() errors noted on it."""
+    generator = RolloutGenerator(target, speculative_config={"method": "ngram", "num_speculative_tokens": 3},
                                  max_num_seqs=4, max_model_len=48)
     error = Injected("the verification forward failed")
     tripwire = Tripwire(1, error)

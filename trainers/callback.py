@@ -13,13 +13,15 @@ rollouts into the drafter refresh's collection. At the end of every `drafter_ref
 toward the policy on them and loaded into the generator's drafter (drafter_refresh.py); the mean KL is logged with the
 next rollout's metrics as `spec/drafter_refresh_kl`. Trainer processes sharing one server (`generator.is_shared`) share
 its drafter: the server's writer process (weight_sync.py) refreshes it on its own rollouts, and the next weight
-sync's barrier holds the others until it is loaded.
+sync's barrier holds the others until it is loaded. A drafter's rollout history (method "history") is saved with
+each trainer checkpoint and restored on resume (history_checkpoint.py).
 """
 
 from transformers import TrainerCallback
 
 from rollout import RolloutBatch, RolloutGenerator
 from trainers.drafter_refresh import DrafterRefresh
+from trainers.history_checkpoint import history_path, restore_history, save_history
 from trainers.importance_sampling import enable_importance_sampling, is_importance_sampling_enabled
 from trainers.metrics import log_rollout_metrics
 from trainers.rollout_func import plan_rollout, run_rollout, trainer_outputs
@@ -75,6 +77,11 @@ class SpecRolloutCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._is_attached = True
+        if state.global_step > 0:  # resumed from a checkpoint (its state is loaded before this hook)
+            restore_history(self.generator, history_path(args.output_dir, state.global_step, args.process_index))
+
+    def on_save(self, args, state, control, **kwargs):
+        save_history(self.generator, history_path(args.output_dir, state.global_step, args.process_index))
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.drafter_refresh is None or not self.drafter_refresh.is_due(state.global_step):

@@ -23,6 +23,7 @@ are replaced (sampler_fix.py), here and in every worker process (worker.py).
 """
 
 import atexit
+import gc
 import os
 import time
 from pathlib import Path
@@ -89,9 +90,7 @@ class VLLMBackend(VLLMCommon):
         _run_in_process()
         _prepare_platform(kwargs.get("tensor_parallel_size", 1))
         shm_before = set(os.listdir(_SHM)) if os.path.isdir(_SHM) else set()
-        start = time.perf_counter()
         self.llm = _build_llm(vllm, kwargs, spec)
-        self.startup_s = time.perf_counter() - start
         _unlink_at_exit(shm_before)
 
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params, seed: int,
@@ -252,8 +251,13 @@ def _unlink_at_exit(before: set[str]) -> None:
 
 def _build_llm(vllm, kwargs: dict, spec: dict | None):
     """vllm.LLM(**kwargs); a config vLLM rejects is a ValueError that names vLLM's reason and the speculative_config
-    it was given (pydantic checks before any model is loaded; the schedule's semantics when the scheduler starts)."""
+    it was given (pydantic checks before any model is loaded; the schedule's semantics when the scheduler starts).
+
+    An unreachable engine still waiting for the garbage collector is shut down first: vLLM's shutdown destroys the
+    process-global parallel groups, and run after this engine's start it would take this engine's groups with it
+    (its next step fails with "pipeline model parallel group is not initialized")."""
     import pydantic
+    gc.collect()
     try:
         return vllm.LLM(**kwargs)
     except pydantic.ValidationError as e:

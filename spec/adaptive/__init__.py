@@ -1,6 +1,6 @@
 """Adaptive verification (`enable_adaptive_verification`): the speculation policy that sizes each request's drafts
 from the drafter's confidence and the measured step costs, and what it stands on: confidence calibration, the
-draft budget, the step-cost model and its profiling, closed batches and their replays. The schedule tuner
+draft budget, the step-cost model and its profiling. The schedule tuner
 (`rollout tune`), which prices Ks with the same cost model, is core: spec/tuning.py. Nothing in the spec core imports
 this package."""
 

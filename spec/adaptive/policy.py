@@ -1,7 +1,10 @@
 """Adaptive verification: the speculation policy (spec/policy.py) that sizes each request's drafts from the drafter's
-confidence and the step costs measured on this hardware.
+confidence and the step costs measured on this hardware, step by step through the whole call: as a GRPO batch
+drains from hundreds of rows to its last few long requests, the same rule finds shallow drafts worth verifying in a
+full batch (where a verified token costs a fraction of a row's) and deep ones in the tail (where it costs almost
+nothing), with no K fixed for the call.
 
-Per step, outside a closed batch's cap:
+Per step:
 1. `draft_limits`, how deep each request drafts, decided depth by depth before the drafter runs. Extending the m rows
    with the best expected next survival costs one draft forward of m rows, D(m), and m more tokens to verify; the
    rows extended are the m that maximise sum(next survival - threshold) - rate x D(m), none where no m makes it
@@ -14,12 +17,6 @@ Per step, outside a closed batch's cap:
 2. `select`: every draft ranked by calibrated survival, the best budget verified (spec/adaptive/budget.py).
 3. `observe`: the judged drafts teach the calibrator (spec/adaptive/calibration.py) and the request factors, and
    the step's measured times refine the cost model (spec/adaptive/step_cost.py).
-
-Closed batches (spec/adaptive/closed_batch.py): a run of two or more requests that all start at its first step is
-done when its slowest request is, and a step's rate counts every request's tokens alike, so the per-step allocation
-loses there. Once replays of earlier batches of its size exist, every request drafts and verifies up to the K they
-found fastest (0: no drafts); every closed batch is replayed in turn, the drafter revealing what its drafts would
-have done where none was verified.
 
 Request factors. A drafter can be as sure of its drafts for a prompt it predicts badly as for one it predicts well,
 so each request keeps its accepted drafts over their calibrated predictions (from a prior of 2 drafts as predicted,
@@ -36,13 +33,11 @@ import operator
 
 import numpy as np
 
-from spec.adaptive.batch_replay import BatchTiming
 from spec.adaptive.budget import choose_budget
 from spec.adaptive.calibration import ConfidenceCalibrator
-from spec.adaptive.closed_batch import MIN_REQUESTS, ClosedBatchSchedule
 from spec.adaptive.step_cost import StepCostModel
 from spec.model_runner import splits_attention
-from spec.policy import DraftPlan, RunOutcome, StepInfo, StepOutcome
+from spec.policy import DraftPlan, StepInfo, StepOutcome
 from spec.proposers.base import Proposal
 
 _REQUEST_PRIOR = 2.0  # a request's factor starts as if 2 drafts had been accepted as predicted
@@ -60,14 +55,9 @@ class AdaptivePolicy:
         self.calibrator = calibrator
         self.costs = costs
         self.refine = refine
-        self.closed_batch = ClosedBatchSchedule()
-        self.cap: int | None = None  # this run's closed-batch K; None: no cap, per-step allocation
-        self.is_closed = False  # this run is a closed batch: replayed at its end
-        self.timing = BatchTiming()  # this run's measured times, for its replays
         self.rate = 0.0  # expected tokens per second of the last allocation; 0 before one (draft up to k_max)
         self.threshold = 0.0  # survival that pays for one more verified token there
         self._by_batch_size: dict[int, tuple[float, float]] = {}  # log2 batch size -> (rate, threshold) there
-        self._k_limit = 0  # the schedule's K at the run's first step, the most its replays may offer
         self._shape = None  # this step's VerifyShape
         self._num_drafting = 0  # rows given a first draft this step
         self._judged: tuple[list[int], list[float], list[bool]] = ([], [], [])  # not yet handed to the calibrator
@@ -76,30 +66,17 @@ class AdaptivePolicy:
         self._step = 0  # steps observed
         self._forward_prices: tuple[float, list[float]] = (0.0, [])  # rate x D(m) for m = 1, 2, .., and that rate
 
-    def begin_run(self, num_requests: int, is_closed: bool) -> None:
-        self.is_closed = is_closed and num_requests >= MIN_REQUESTS
-        self.cap = self.closed_batch.k_max(num_requests) if self.is_closed else None
-        self.timing = BatchTiming()
+    def begin_run(self) -> None:
         self._requests.clear()
 
-    def end_run(self, run: RunOutcome) -> None:
-        if self.is_closed:
-            self.closed_batch.observe(run.lengths, run.max_lengths, run.records, self.timing, self.costs,
-                                      k_limit=self._k_limit)
+    def end_run(self) -> None:
         self._requests.clear()  # the run's requests are done
 
     def draft_limits(self, step: StepInfo) -> DraftPlan:
-        if not self.timing.num_steps:
-            self._k_limit = step.k_max
-        if self.cap is not None:
-            k = min(step.k_max, self.cap)
-            return DraftPlan([min(k, m) for m in step.max_drafts], k, reveal=True)
         self._price(step)
-        return DraftPlan(self._depths(step), step.k_max, reveal=self.is_closed)
+        return DraftPlan(self._depths(step), step.k_max)
 
     def select(self, step: StepInfo, proposal: Proposal, draft_seconds: float) -> list[int]:
-        if self.cap is not None:
-            return proposal.num_draft_tokens
         if self._shape is None or self._shape.num_reqs != step.num_reqs:
             self._shape = self.costs.verify_shape(step.num_reqs)
         survival = self.survival(step.req_ids, proposal.confidence)
@@ -111,8 +88,6 @@ class AdaptivePolicy:
 
     def observe(self, step: StepInfo, outcome: StepOutcome) -> None:
         verified = outcome.verified
-        self.timing.observe_step(outcome.seconds, outcome.draft_seconds, outcome.verify_seconds,
-                                 sum(verified.num_draft_tokens), outcome.condense_seconds)
         self._step += 1
         self._judge(step.req_ids, verified.confidence, outcome.num_accepted)
         if self.refine:
@@ -122,8 +97,7 @@ class AdaptivePolicy:
         self._calibrate()
         return {"calibration_error": self.calibrator.calibration_error(),
                 "raw_calibration_error": self.calibrator.calibration_error("raw"),
-                "num_calibration_observations": self.calibrator.num_observations,
-                "draft_cap": self._k_limit if self.cap is None else min(self.cap, self._k_limit)}
+                "num_calibration_observations": self.calibrator.num_observations}
 
     def _price(self, step: StepInfo) -> None:
         """This step's rate and threshold (module docstring), and its verify shape."""
@@ -218,12 +192,11 @@ class AdaptivePolicy:
             positions.extend(range(count))
             raw.extend(confidences[row][:count])
             accepted.extend([True] * num_accepted[row] + [False] * (count - num_accepted[row]))  # 0 or 1 False
-        if self.cap is None:  # only the per-step allocation reads the factors
-            for row, count in zip(rows, judged):
-                accepted_before, predicted_before = self._faded(req_ids[row])
-                predicted = sum(self._calibrated(confidences[row][:count]))
-                self._requests[req_ids[row]] = [accepted_before + num_accepted[row], predicted_before + predicted,
-                                                self._step]
+        for row, count in zip(rows, judged):
+            accepted_before, predicted_before = self._faded(req_ids[row])
+            predicted = sum(self._calibrated(confidences[row][:count]))
+            self._requests[req_ids[row]] = [accepted_before + num_accepted[row], predicted_before + predicted,
+                                            self._step]
         if len(positions) >= max(_OBSERVE_BATCH, self.calibrator.num_observations // 16):
             self._calibrate()
 

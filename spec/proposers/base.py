@@ -46,10 +46,6 @@ class Proposal:
         that the drafts before it were (draft-model probability, match frequency, ...).
     draft_probs: None when drafts are point proposals (q is one-hot at the draft token); otherwise, per
         request, the processed draft distribution each draft was sampled from, [len(token_ids[i]), vocab].
-    revealed: optional, per request, completion position -> whether the drafter's draft there would have been
-        accepted, at committed positions where no draft was verified (a draft-model drafter's forward over them
-        predicts each; for a point proposal, accepted means the emitted token is the draft), when asked to reveal.
-        Closed-batch replays read them instead of guessing (spec/adaptive/batch_replay.py).
     forward_seconds: optional, (rows, seconds) of each of the drafter's forwards after its first one: what one
         more draft for that many rows cost, which adaptive verification's cost model learns from.
     """
@@ -57,7 +53,6 @@ class Proposal:
     token_ids: list[list[int]]
     confidence: list[list[float]]
     draft_probs: list[torch.Tensor] | None = None
-    revealed: list[dict[int, bool]] | None = None
     forward_seconds: list[tuple[int, float]] | None = None
 
     @property
@@ -69,7 +64,7 @@ class Proposal:
         if list(lengths) == self.num_draft_tokens:
             return self
         return Proposal(_cut(self.token_ids, lengths), _cut(self.confidence, lengths),
-                        None if self.draft_probs is None else _cut(self.draft_probs, lengths), self.revealed,
+                        None if self.draft_probs is None else _cut(self.draft_probs, lengths),
                         self.forward_seconds)
 
     def validate(self, max_num_tokens: Sequence[int], source: str, vocab_size: int | None = None) -> None:
@@ -90,9 +85,6 @@ class Proposal:
             self._check_vocab(vocab_size, source)
         if self.draft_probs is not None:
             self._check_draft_probs(vocab_size, source)
-        if self.revealed is not None and len(self.revealed) != len(max_num_tokens):
-            raise ValueError(f"{source}: proposal has {len(self.revealed)} revealed dicts for {len(max_num_tokens)} "
-                             "requests; return one per request, or revealed=None")
 
     def _check_vocab(self, vocab_size: int, source: str) -> None:
         rows = [tokens for tokens in self.token_ids if tokens]
@@ -119,16 +111,14 @@ class Proposal:
 
 
 class Proposer(Protocol):
-    """What the engine calls. `max_num_tokens[i]` caps the drafts of requests[i] this step (0 allowed); `reveal`
-    asks for Proposal.revealed, which a drafter that cannot reveal ignores.
+    """What the engine calls. `max_num_tokens[i]` caps the drafts of requests[i] this step (0 allowed).
 
     Faults. A propose that raises an Exception or returns a proposal that breaks the protocol costs the step its
     drafts, not the call (rollout/engine.py); a drafter whose state a failed step may have left half-done offers
     `release_all()`, which the engine calls then (and after a failed call) to drop every request's state: the next
     propose starts them afresh. Drafters without it are told `finish` for each request of a failed call."""
 
-    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int],
-                reveal: bool = False) -> Proposal:
+    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
         ...
 
     def finish(self, request: DraftRequest) -> None:

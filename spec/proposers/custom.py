@@ -53,9 +53,8 @@ class CustomProposer:
         if self.is_adaptive and not getattr(self.inner, "gives_confidence", True) and not self.confidence_fallback:
             raise ValueError(self._no_confidence_message())
 
-    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int],
-                reveal: bool = False) -> Proposal:
-        proposal = self.inner.propose(requests, max_num_tokens)  # user drafters reveal nothing
+    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
+        proposal = self.inner.propose(requests, max_num_tokens)
         if not isinstance(proposal, Proposal):
             raise ValueError(f"custom drafter {self.name!r} returned {type(proposal).__name__}; "
                              "return a spec.Proposal")

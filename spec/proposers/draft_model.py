@@ -13,21 +13,12 @@ holds. A step for requests with k > 0:
    tokens wait for a later step's first forward. Each forward after the first is timed
    (`Proposal.forward_seconds`): it is what one more draft costs.
 
-Asked to `reveal` (adaptive verification's closed batches, whose replays read the trace), the first forward also
-reads the logits at the fed tokens before each row's last that are committed completion tokens: the position after
-a step whose drafts were all accepted, and those of steps that drafted nothing for the row. Each predicts what the
-drafter would have drafted at the next position from the committed tokens before it; under greedy drafting (a point
-proposal) that draft would have been accepted if and only if it is the committed token, since a rejection resamples
-from the target with the draft's probability removed. `Proposal.revealed` reports them. Sampled drafts
-(`"probabilistic"`) reveal nothing: a sampled draft's acceptance is not its argmax's.
-
 The draft distribution q is `processed_logprobs` under the request's temperature / top-k / top-p.
 `draft_sample_method="greedy"`: the draft is argmax q, a point proposal (draft_probs=None).
 `"probabilistic"`: the draft is sampled from q with the request's generator and draft_probs holds the q rows
 (one-hot rows for temperature-0 requests, which the target verifies greedily). Either way confidence = q(draft).
 """
 
-import itertools
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -55,7 +46,6 @@ class _Drafts:
         self.token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
         self.confidence: list[list[float]] = [[] for _ in range(num_reqs)]
         self.probs: list[list[torch.Tensor]] = [[] for _ in range(num_reqs)]
-        self.revealed: dict[int, dict[int, bool]] = {}  # row -> its revealed outcomes, where it revealed any
         self.forward_seconds: list[tuple[int, float]] = []  # (rows, seconds) of each forward after the first
 
     def add(self, rows: list[int], tokens: list[int], confidence: list[float], q: torch.Tensor | None) -> None:
@@ -69,7 +59,6 @@ class _Drafts:
         for j, i in enumerate(rows):
             self.token_ids[i], self.confidence[i] = other.token_ids[j], other.confidence[j]
             self.probs[i] = other.probs[j]
-        self.revealed.update((rows[j], outcomes) for j, outcomes in other.revealed.items())
         self.forward_seconds += other.forward_seconds
 
 
@@ -85,19 +74,16 @@ class DraftModelProposer:
         self.runner = build_runner(model, max_num_seqs, max_model_len, device=device, dtype=dtype)
         self._states: dict[int, _DraftState] = {}
 
-    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int],
-                reveal: bool = False) -> Proposal:
+    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
         if len(requests) != len(max_num_tokens):
             raise ValueError(f"propose got {len(requests)} requests and {len(max_num_tokens)} max_num_tokens")
         ks = [self._num_drafts(r, k) for r, k in zip(requests, max_num_tokens)]
         active = [i for i, k in enumerate(ks) if k > 0]
         drafts = _Drafts(len(requests))
-        revealing = reveal and self.draft_sample_method == "greedy"
         if active:
-            drafts.merge(active, self._draft([requests[i] for i in active], [ks[i] for i in active], revealing))
+            drafts.merge(active, self._draft([requests[i] for i in active], [ks[i] for i in active]))
         if self.draft_sample_method == "greedy":
-            revealed = [drafts.revealed.get(i, {}) for i in range(len(requests))] if revealing else None
-            return Proposal(drafts.token_ids, drafts.confidence, None, revealed, drafts.forward_seconds)
+            return Proposal(drafts.token_ids, drafts.confidence, forward_seconds=drafts.forward_seconds)
         empty = torch.empty(0, self._vocab_size(), device=self.runner.device)
         draft_probs = [torch.stack(q) if q else empty for q in drafts.probs]
         return Proposal(drafts.token_ids, drafts.confidence, draft_probs, forward_seconds=drafts.forward_seconds)
@@ -124,18 +110,15 @@ class DraftModelProposer:
         self._states.clear()
         self.runner.release_all()
 
-    def _draft(self, requests: list[DraftRequest], ks: list[int], revealing: bool) -> "_Drafts":
-        """Up to ks[i] > 0 drafts for each request: one forward over the uncached tokens (revealing what it can, where
-        asked), then one token at a time."""
+    def _draft(self, requests: list[DraftRequest], ks: list[int]) -> "_Drafts":
+        """Up to ks[i] > 0 drafts for each request: one forward over the uncached tokens, then one token at a
+        time."""
         drafts = _Drafts(len(requests))
         uncached = self.sync(requests)
         states = [self._states[r.req_id] for r in requests]
         sampling = SamplingTensors.build([r.temperature for r in requests], [r.top_k for r in requests],
                                          [r.top_p for r in requests], device=self.runner.device)
-        if revealing:
-            logits, drafts.revealed = self._feed_revealing(requests, states, uncached)
-        else:
-            logits = self._feed(states, uncached)  # [rows, vocab]
+        logits = self._feed(states, uncached)  # [rows, vocab]
         rows = list(range(len(requests)))
         start = None  # each forward after the first is timed with the drafts it samples
         for step in range(max(ks)):
@@ -150,33 +133,12 @@ class DraftModelProposer:
             logits = self._feed([states[i] for i in rows], [drafts.token_ids[i][-1:] for i in rows])  # [rows, vocab]
         return drafts
 
-    def _feed(self, states: list[_DraftState], token_ids: list[list[int]],
-              num_logits: list[int] | None = None) -> torch.Tensor:
-        """Append token_ids to the rows' caches; the logits after each row's last num_logits tokens (1 each)."""
-        logits = self.runner.forward([s.slot for s in states], token_ids, num_logits or [1] * len(states))
+    def _feed(self, states: list[_DraftState], token_ids: list[list[int]]) -> torch.Tensor:
+        """Append token_ids to the rows' caches; the logits after each row's last token [rows, vocab]."""
+        logits = self.runner.forward([s.slot for s in states], token_ids, [1] * len(states))
         for state, tokens in zip(states, token_ids):
             state.cached.extend(tokens)
         return logits
-
-    def _feed_revealing(self, requests: list[DraftRequest], states: list[_DraftState],
-                        token_ids: list[list[int]]) -> tuple[torch.Tensor, dict[int, dict[int, bool]]]:
-        """_feed, and per row that reveals any, the outcomes its fed completion tokens reveal, by completion position
-        (module docstring): the fed token before each such token predicts it."""
-        counts = [min(len(fed) - 1, len(r.token_ids) - r.num_prompt_tokens) for r, fed in zip(requests, token_ids)]
-        revealed = {}
-        if not any(counts):
-            return self._feed(states, token_ids), revealed
-        num_logits = [n + 1 for n in counts]
-        logits = self._feed(states, token_ids, num_logits)
-        last = list(itertools.accumulate(num_logits, initial=-1))[1:]  # each row's last logit
-        predicted = logits.argmax(dim=-1).tolist()
-        for row in [row for row, n in enumerate(counts) if n]:  # at 256 rows, most reveal nothing
-            request, n = requests[row], counts[row]
-            first = len(request.token_ids) - n  # the first revealed token, predicted by the row's first logit
-            offset = last[row] - n - first
-            revealed[row] = {t - request.num_prompt_tokens: predicted[offset + t] == request.token_ids[t]
-                             for t in range(first, len(request.token_ids))}
-        return logits[last], revealed
 
     def _sample(self, logits: torch.Tensor, requests: list[DraftRequest], sampling: SamplingTensors):
         """Drafts [n], their q probabilities [n] and, when probabilistic, the q rows [n, vocab]."""

@@ -33,8 +33,7 @@ class NgramProposer:
         self.prompt_lookup_min = prompt_lookup_min
         self.prompt_lookup_max = prompt_lookup_max
 
-    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int],
-                reveal: bool = False) -> Proposal:
+    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
         if len(requests) != len(max_num_tokens):
             raise ValueError(f"got {len(requests)} requests and {len(max_num_tokens)} max_num_tokens; "
                              "pass one cap per request")

@@ -72,8 +72,7 @@ class SuffixProposer:
         """The global trie's size: at most 1 + num_cached_tokens x max_tree_depth nodes."""
         return self._global_trie.num_nodes
 
-    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int],
-                reveal: bool = False) -> Proposal:
+    def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
         if len(requests) != len(max_num_tokens):
             raise ValueError(f"got {len(requests)} requests and {len(max_num_tokens)} max_num_tokens; "
                              "pass one cap per request")
