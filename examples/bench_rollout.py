@@ -68,16 +68,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 class Worker:
-    """An arm process (bench_rollout_worker.py): one JSON line per request and per reply."""
+    """An arm process: one JSON line per request and per reply (stdin / stdout); its stderr goes to `log`. Its first
+    line reports {"startup_s"}. examples/bench_epochs.py runs its vLLM arms through it too."""
 
-    def __init__(self, arms: list[str], python: str, args, log: Path):
-        command = [python, str(Path(__file__).with_name("bench_rollout_worker.py")), "--arms", ",".join(arms),
-                   "--max-rows", str(max_rows(args.shapes)), "--max-completion-length",
-                   str(args.max_completion_length), "--max-model-len", str(64 + args.max_completion_length),
-                   "--device", args.device, "--dtype", args.dtype, "--seed", str(args.seed)]
-        if args.tuned_config and "tuned" in arms:
-            command += ["--tuned-config", args.tuned_config]
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+    def __init__(self, name: str, command: list[str], env: dict, log: Path):
+        self.name = name
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                         stderr=log.open("w"))
         self.startup = self._read()["startup_s"]
@@ -92,13 +87,24 @@ class Worker:
         while True:
             line = self.process.stdout.readline()
             if not line:
-                raise RuntimeError(f"an arm process ({self.process.args[3]}) died; its log is in the output folder")
+                raise RuntimeError(f"an arm process ({self.name}) died; its log is in the output folder")
             if line.startswith("{"):
                 return json.loads(line)
 
     def close(self) -> None:
         self.process.stdin.close()
         self.process.wait(timeout=60)
+
+
+def worker_command(arms: list[str], python: str, args) -> list[str]:
+    """bench_rollout_worker.py serving `arms`."""
+    command = [python, str(Path(__file__).with_name("bench_rollout_worker.py")), "--arms", ",".join(arms),
+               "--max-rows", str(max_rows(args.shapes)), "--max-completion-length", str(args.max_completion_length),
+               "--max-model-len", str(64 + args.max_completion_length), "--device", args.device,
+               "--dtype", args.dtype, "--seed", str(args.seed)]
+    if args.tuned_config and "tuned" in arms:
+        command += ["--tuned-config", args.tuned_config]
+    return command
 
 
 def shapes(spec: str) -> list[tuple[int, int]]:
@@ -126,7 +132,9 @@ def start_workers(arms: list[str], args, output_dir: Path) -> dict[str, Worker]:
     workers = {}
     for group in [g for g in groups if g]:
         python = args.vllm_python if group[0].startswith("vllm_") else sys.executable
-        worker = Worker(group, python, args, output_dir / f"bench_rollout_{group[0]}.log")
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+        worker = Worker(",".join(group), worker_command(group, python, args), env,
+                        output_dir / f"bench_rollout_{group[0]}.log")
         print(f"started {','.join(group)} in {worker.startup:.1f} s", flush=True)
         workers.update(dict.fromkeys(group, worker))
     return workers

@@ -3,6 +3,7 @@ example's docstring), run as a subprocess from the repository root at tiny shape
 must exit 0 and write or print what it promises. bench_vllm_tune.py runs in .ci/run's vLLM stage (skipped without
 vllm); device_check.sh needs a GPU, so it is only parsed here."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -51,6 +52,35 @@ def test_bench_rollout(tmp_path):
                   "--output-dir", tmp_path])
     assert (tmp_path / "bench_rollout.png").exists()
     assert "tok/s" in stdout and json.loads((tmp_path / "bench_rollout.json").read_text())
+
+
+EPOCHS = ["examples/bench_epochs.py", "--shapes", "2x2", "--epochs", "2", "--num-prompts", "4",
+          "--max-completion-length", "32", "--threads", "1"]
+
+
+def assert_bench_epochs_ran(stdout: str, output_dir: Path, arms: list[str]) -> None:
+    """Every arm in every epoch, the embedded arms identical to no_spec, four optimizer steps, the plot."""
+    results = json.loads((output_dir / "bench_epochs.json").read_text())
+    assert list(results["arms"]) == arms and results["identical_check"]["passed"]
+    shape = results["shapes"]["2x2"]
+    assert set(shape["epochs"]) == {"1", "2"} and all(list(e["arms"]) == arms for e in shape["epochs"].values())
+    assert len([entry for entry in shape["trainer_log"] if "loss" in entry]) == 4
+    assert (output_dir / "bench_epochs.png").exists() and "identical to no_spec: True" in stdout
+
+
+def test_bench_epochs(tmp_path):
+    arms = ["no_spec", "draft_schedule", "suffix", "history_k4", "history_k8", "history_adaptive", "default"]
+    stdout = run([sys.executable, *EPOCHS, "--arms", ",".join(arms), "--output-dir", tmp_path])
+    assert_bench_epochs_ran(stdout, tmp_path, arms)
+
+
+@require_vllm
+def test_bench_epochs_vllm(tmp_path):
+    arms = ["no_spec", "history_k8", "vllm_no_spec"] + (["vllm_suffix"] if importlib.util.find_spec(
+        "arctic_inference") else [])  # without it the benchmark skips vllm_suffix (tests/test_vllm_suffix.py skips)
+    stdout = run([sys.executable, *EPOCHS, "--arms", ",".join(arms), "--vllm-python", sys.executable,
+                  "--output-dir", tmp_path])
+    assert_bench_epochs_ran(stdout, tmp_path, arms)
 
 
 def test_bench_speculation(tmp_path):
