@@ -64,9 +64,8 @@ def _check_backend_fields(backend: str, *, vllm_kwargs, step_costs, base_url, se
 def as_spec_config(speculative_config, draft_model) -> SpecConfig | None:
     """The SpecConfig of a dict, a JSON string (as vLLM's CLI takes it) or a SpecConfig; None stays None.
 
-    For method "draft_model" (or "history", whose weak drafts a draft model then makes), `draft_model` fills in a
-    missing `model` (its path, or a loaded model's name); a draft_model with another method is refused: it would be
-    loaded for nothing.
+    For method "draft_model", `draft_model` fills in a missing `model` (its path, or a loaded model's name);
+    a draft_model without a draft_model config is refused: it would be loaded for nothing.
     """
     if isinstance(speculative_config, str):
         speculative_config = SpecConfig.parse_json(speculative_config)
@@ -74,7 +73,7 @@ def as_spec_config(speculative_config, draft_model) -> SpecConfig | None:
         raise ValueError(f"speculative_config={speculative_config!r}: expected a dict (or its JSON), e.g. "
                          '{"method": "ngram", "num_speculative_tokens": 4}, a SpecConfig, or None')
     method = getattr(speculative_config, "method", None) or (speculative_config or {}).get("method")
-    if draft_model is not None and method not in ("draft_model", "history"):
+    if draft_model is not None and method != "draft_model":
         raise ValueError(f"draft_model={_name(draft_model)!r} is given but the speculative method is {method!r}; "
                          'pass speculative_config={"method": "draft_model", "num_speculative_tokens": 4} to draft '
                          "with it, or drop draft_model")

@@ -82,7 +82,7 @@ class EmbeddedBackend:
         is shared (`draft_model`, a folder or loaded model, overrides config.model)."""
         if config is None:
             return Speculation(None, None, StaticPolicy())
-        loaded = self._draft_model(config, draft_model) if config.has_draft_model else None
+        loaded = self._draft_model(config, draft_model) if config.method == "draft_model" else None
         proposer = build_proposer(config, draft_model=loaded, max_num_seqs=self.max_num_seqs,
                                   max_model_len=self.max_model_len, device=self.device, dtype=self.dtype)
         speculation = Speculation(config, proposer, StaticPolicy())
@@ -144,9 +144,7 @@ class EmbeddedBackend:
 
     def _measure_step_costs(self, speculation: Speculation, refresh: bool = False) -> StepCostModel:
         """From the disk cache, or measured now (seconds on small models) and cached; refresh=True measures anew."""
-        # the draft model's proposer times draft forwards; model-free drafters cost nothing to price
-        drafter = getattr(speculation.proposer, "draft", speculation.proposer) if speculation.config.has_draft_model \
-            else None
+        drafter = speculation.proposer if speculation.config.method == "draft_model" else None  # model-free: free
         speculation.cost_key = cost_profile.cache_key(
             self.model, None if drafter is None else drafter.runner.model, self.dtype, self.device,
             self.max_num_seqs, speculation.config.num_speculative_tokens + 1)

@@ -27,8 +27,7 @@ class SpecConfig:
         prompt's earlier rollouts, its live siblings and a global cache: spec/proposers/suffix.py), `custom_class`;
         the vLLM-only
         methods (`eagle`, `eagle3`, `mtp`, `dflash`, `dspark`, ...) are accepted here for the vLLM backend.
-    model: draft model path (`draft_model`, vLLM's drafter methods; with `history` a draft model drafts for the
-        requests whose history drafts are weak) or "pkg.module.Class" (`custom_class`).
+    model: draft model path (`draft_model`, vLLM's drafter methods) or "pkg.module.Class" (`custom_class`).
     num_speculative_tokens: the most draft tokens per request per step (K), >= 1.
     num_speculative_tokens_per_batch_size: [[range_start, range_end, K], ...]; K by live batch size
         (spec/schedule.py has the rules); None: always num_speculative_tokens.
@@ -105,9 +104,9 @@ class SpecConfig:
             self.model = os.fspath(self.model)
         if self.model is not None and not isinstance(self.model, str):
             raise ValueError(f"model={self.model!r}: must be a path (str) or \"pkg.module.Class\" (custom_class)")
-        if self.method == "suffix" and self.model:
-            raise ValueError(f"model={self.model!r} with method 'suffix': suffix decoding drafts without a model; drop "
-                             "model, or use method 'history' to back the history's drafts with a draft model")
+        if self.method in ("suffix", "history") and self.model:
+            raise ValueError(f"model={self.model!r} with method {self.method!r}: suffix decoding drafts without a "
+                             "model; drop model")
         if self.method not in ("ngram", "suffix", "history") and not self.model:
             fix = '"pkg.module.Class"' if self.method == "custom_class" else "a path to the draft model"
             raise ValueError(f"model={self.model!r}: method {self.method!r} needs a model; set model to {fix}")
@@ -133,11 +132,6 @@ class SpecConfig:
                   hint=" (a prompt's latest rollouts kept as drafts; 0 keeps none)")
         check_int("history_max_tokens", self.history_max_tokens, 0,
                   hint=" (tokens of history kept over all prompts, 4 bytes each; 0 keeps none)")
-
-    @property
-    def has_draft_model(self) -> bool:
-        """A draft model drafts: method "draft_model", or "history" with one behind it (spec/proposers/hybrid.py)."""
-        return self.method == "draft_model" or (self.method == "history" and bool(self.model))
 
     @classmethod
     def from_dict(cls, config: dict) -> "SpecConfig":

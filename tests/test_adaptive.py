@@ -68,7 +68,6 @@ CONFIGS = {
     "ngram": lambda target, draft: (_config("ngram", prompt_lookup_min=1), None),
     "suffix": lambda target, draft: (_config("suffix"), None),
     "history": lambda target, draft: (_config("history"), None),
-    "history_with_draft_model": lambda target, draft: (_config("history"), draft),
     "draft_model": lambda target, draft: (_config("draft_model"), draft),
     "custom_class": lambda target, draft: (_config("custom_class", model=f"{__name__}.EchoDrafter"), None),
 }
@@ -139,7 +138,9 @@ def test_costlier_verification_verifies_fewer_drafts(target, draft):
             PROMPTS, 2, GREEDY, use_tqdm=False).stats
         verified.append(stats["verified_tokens_per_emitted_token"])
     assert verified[0] > verified[1] > verified[2]
-    assert verified[2] == pytest.approx(1.0)  # nothing is worth 5 s per token: plain decoding
+    # nothing is worth 5 s per token: plain decoding, but for the first draft every row verifies after 32 steps
+    # without drafts (spec/adaptive/policy.py: _EXPLORE_STEPS), at most one row-step in 32
+    assert 1.0 < verified[2] <= 1.0 + 1 / 32
 
 
 def test_a_drafter_without_confidence_needs_a_fallback(target):

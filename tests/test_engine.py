@@ -50,7 +50,6 @@ SPECS = {
     "ngram": lambda target, draft: (_spec("ngram", prompt_lookup_min=1), None),
     "suffix": lambda target, draft: (_spec("suffix"), None),
     "history": lambda target, draft: (_spec("history"), None),
-    "history_with_draft_model": lambda target, draft: (_spec("history"), draft),
     "draft_model_self": lambda target, draft: (_spec("draft_model"), target),
     "draft_model_other": lambda target, draft: (_spec("draft_model"), draft),
     "draft_model_probabilistic": lambda target, draft: (_spec("draft_model", draft_sample_method="probabilistic"),

@@ -12,7 +12,7 @@ from rollout import RolloutGenerator, SamplingParams, default_model_paths, defau
 from spec import SpecConfig
 from spec.proposers.base import DraftRequest
 from spec.proposers.history import HistoryStore
-from spec.proposers.suffix import SuffixProposer
+from spec.proposers.suffix import MATCH_EVIDENCE, SuffixProposer
 
 HISTORY = {"method": "history", "num_speculative_tokens": 8}
 
@@ -144,7 +144,8 @@ def test_finished_outputs_go_to_the_history_and_start_the_next_group_of_their_pr
     drafts, confidence = (x[0] for x in (lambda p: (p.token_ids, p.confidence))(
         proposer.propose([_request(9, 1, [1, 3, 7, 8])], [4])))
     assert drafts == [4, 5, 6, 2]  # the most frequent rollout, 2 of 3
-    assert confidence == pytest.approx([1.0, 2 / 3, 1.0, 1.0])
+    # frequencies 1, 2/3, 1, 1 after the whole 4-token prompt, weighed by the match (spec/proposers/suffix.py)
+    assert confidence == pytest.approx([f * 4 / (4 + MATCH_EVIDENCE) for f in (1.0, 2 / 3, 1.0, 1.0)])
 
 
 def test_a_failed_call_keeps_its_partial_outputs_out_of_the_history():

@@ -5,7 +5,7 @@ import pytest
 
 from spec.proposers.base import DraftRequest
 from spec.proposers.ngram import NgramProposer
-from spec.proposers.suffix import SuffixProposer
+from spec.proposers.suffix import MATCH_EVIDENCE, SuffixProposer
 from spec.proposers.suffix_tree import SuffixTree
 
 
@@ -25,6 +25,11 @@ def _substring_counts(seqs, max_depth):
             for end in range(i + 1, min(i + max_depth, len(seq)) + 1):
                 counts[tuple(seq[i:end])] = counts.get(tuple(seq[i:end]), 0) + 1
     return counts
+
+
+def _weighed(frequencies, match_length):
+    """The confidences of drafts with these frequencies continuing a match of match_length tokens."""
+    return pytest.approx([f * match_length / (match_length + MATCH_EVIDENCE) for f in frequencies])
 
 
 def _propose_one(proposer, request, k):
@@ -122,7 +127,7 @@ def test_match_continues_past_max_depth():
 
 def test_drafts_from_own_prompt():
     request = _request(0, 0, prompt=[1, 2, 3, 4, 5, 9], output=[1, 2])
-    assert _propose_one(SuffixProposer(), request, 2) == ([3, 4], [1.0, 1.0])
+    assert _propose_one(SuffixProposer(), request, 2) == ([3, 4], _weighed([1.0, 1.0], 2))
 
 
 def test_max_spec_factor_caps_by_match_length():
@@ -141,7 +146,7 @@ def test_drafts_from_sibling_output():
     other_group = _request(2, 8, prompt=[1, 2, 3], output=[4, 5])
     proposal = proposer.propose([behind, done_more, other_group], [3, 3, 3])
     assert proposal.token_ids == [[6, 7], [], []]
-    assert proposal.confidence == [[1.0, 1.0], [], []]
+    assert proposal.confidence == [_weighed([1.0, 1.0], 5), [], []]  # [1, 2, 3, 4, 5] matched
 
 
 def test_finished_sibling_stays_visible_until_group_empties():
@@ -149,7 +154,7 @@ def test_finished_sibling_stays_visible_until_group_empties():
     first, second = _request(0, 5, [1, 2], [3]), _request(1, 5, [1, 2])
     proposer.propose([first, second], [2, 2])
     proposer.finish(_request(0, 5, [1, 2], [3, 4, 5, 6]))  # its last tokens were never proposed from
-    assert _propose_one(proposer, _request(1, 5, [1, 2], [3, 4, 5]), 2) == ([6], [1.0])
+    assert _propose_one(proposer, _request(1, 5, [1, 2], [3, 4, 5]), 2) == ([6], _weighed([1.0], 5))
     assert proposer.num_groups == 1
     proposer.finish(_request(1, 5, [1, 2], [3, 4, 5, 8]))
     assert proposer.num_groups == 0 and proposer.num_cached_requests == 0
@@ -161,7 +166,7 @@ def test_drafts_from_global_cache_after_finish():
     proposer.propose([finished], [2])
     proposer.finish(finished)
     assert proposer.num_groups == 0 and proposer.num_cached_requests == 1
-    assert _propose_one(proposer, _request(1, 2, [9, 9], [4, 5]), 3) == ([6, 7], [1.0, 1.0])
+    assert _propose_one(proposer, _request(1, 2, [9, 9], [4, 5]), 3) == ([6, 7], _weighed([1.0, 1.0], 2))
     assert _propose_one(proposer, _request(2, 3, [8], [1, 2]), 3) == ([], [])  # prompts are not cached
 
 
@@ -188,23 +193,23 @@ def test_min_token_prob_cuts_speculation():
     request = _request(0, 0, prompt=[5, 1, 2, 6, 1, 3, 7, 1, 2, 8], output=[9, 1])  # [1] -> 2, 3, 2
     assert _propose_one(SuffixProposer(min_token_prob=0.7), request, 3) == ([], [])
     drafts, confidence = _propose_one(SuffixProposer(min_token_prob=0.6), request, 3)
-    assert drafts == [2] and confidence == pytest.approx([2 / 3])
+    assert drafts == [2] and confidence == _weighed([2 / 3], 1)
 
 
 def test_higher_score_wins_and_ties_go_to_group_trie():
     proposer = SuffixProposer()
     proposer.finish(_request(0, 1, [0], [4, 5, 8]))  # global: [4, 5] -> 8
     tied = _request(1, 2, prompt=[4, 5, 6, 0], output=[4, 5])  # group: [4, 5] -> 6, 0
-    assert _propose_one(proposer, tied, 1) == ([6], [1.0])
-    assert _propose_one(proposer, tied, 2) == ([6, 0], [1.0, 1.0])
+    assert _propose_one(proposer, tied, 1) == ([6], _weighed([1.0], 2))
+    assert _propose_one(proposer, tied, 2) == ([6, 0], _weighed([1.0, 1.0], 2))
     split = _request(2, 3, prompt=[4, 5, 6, 1, 4, 5, 7, 2], output=[4, 5])  # group: [4, 5] -> 6 or 7
-    assert _propose_one(proposer, split, 1) == ([8], [1.0])
+    assert _propose_one(proposer, split, 1) == ([8], _weighed([1.0], 2))
 
 
 def test_speculation_continues_past_max_tree_depth():
     proposer = SuffixProposer(max_tree_depth=3, max_spec_factor=3.0)
     request = _request(0, 0, prompt=[1, 2, 3, 4, 5, 6, 7], output=[1, 2])
-    assert _propose_one(proposer, request, 5) == ([3, 4, 5, 6, 7], [1.0] * 5)
+    assert _propose_one(proposer, request, 5) == ([3, 4, 5, 6, 7], _weighed([1.0] * 5, 2))
 
 
 def test_rewritten_token_ids_raise():

@@ -43,9 +43,9 @@ from spec.proposers.base import Proposal
 _REQUEST_PRIOR = 2.0  # a request's factor starts as if 2 drafts had been accepted as predicted
 _REQUEST_TOLERANCE = 0.8  # a request's factor counts only below this ratio of accepted to predicted drafts
 _REQUEST_MEMORY = 0.8  # per step, the weight of a request's earlier outcomes
-_EXPLORE_STEPS = 32  # a drafter with forwards to pay for that drafted nothing for 32 steps drafts a first draft for
-# every row: the calibrator learns only from verified drafts, and a drafter that got better (a refresh, a prompt's
-# history) would otherwise never be tried again; at most one draft forward in 32 steps
+_EXPLORE_STEPS = 32  # after 32 steps without a verified draft, every row drafts and verifies a first draft: the
+# calibrator learns only from verified drafts, and a drafter it wrote off (bad first steps, or one that got better
+# since: a refresh, a prompt's history) would otherwise never be tried again; at most one step in 32
 _OBSERVE_BATCH = 64  # judged drafts handed to the calibrator at once (or 1/16 of those it has, if more): an update
 # costs a few hundred microseconds whatever its size, and the map moves little in that many
 
@@ -79,6 +79,9 @@ class AdaptivePolicy:
 
     def draft_limits(self, step: StepInfo) -> DraftPlan:
         self._price(step)
+        self._is_exploring = self._step - self._last_drafted >= _EXPLORE_STEPS
+        if self._is_exploring:
+            return DraftPlan([min(1, most) for most in step.max_drafts], step.k_max)
         return DraftPlan(self._depths(step), step.k_max)
 
     def select(self, step: StepInfo, proposal: Proposal, draft_seconds: float) -> list[int]:
@@ -126,9 +129,6 @@ class AdaptivePolicy:
         drafter without forwards to pay for (n-gram, suffix: no draft cost table) drafts up to each row's most."""
         if not self.rate or self.costs.draft is None:
             return list(step.max_drafts)
-        if self._step - self._last_drafted >= _EXPLORE_STEPS:
-            self._is_exploring = True
-            return [min(1, most) for most in step.max_drafts]
         acceptance_rate = self.calibrator.acceptance_rate
         factors = [self._factor(req_id) for req_id in step.req_ids]
         depths, survival = [0] * step.num_reqs, [1.0] * step.num_reqs

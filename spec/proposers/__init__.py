@@ -8,8 +8,7 @@ def build_proposer(config: SpecConfig, *, draft_model=None, max_num_seqs: int, m
                    device=None, dtype=None) -> Proposer:
     """The drafter the config names, for the embedded engine.
 
-    draft_model: the loaded HF causal LM where the config has one (`config.has_draft_model`: method "draft_model",
-    or "history" with a `model`; the caller loads `config.model`).
+    draft_model: the loaded HF causal LM for `method="draft_model"` (the caller loads `config.model`).
     """
     config.check_embedded()
     if config.method == "ngram":
@@ -18,16 +17,13 @@ def build_proposer(config: SpecConfig, *, draft_model=None, max_num_seqs: int, m
     if config.method == "custom_class":
         from spec.proposers.custom import CustomProposer
         return CustomProposer(config)
-    if config.has_draft_model and draft_model is None:
-        raise ValueError(f"method={config.method!r} with model={config.model!r} needs the loaded draft model")
     if config.method in ("suffix", "history"):
-        suffix = _suffix_proposer(config)
-        if not config.has_draft_model:
-            return suffix
-        from spec.proposers.hybrid import HybridProposer
-        return HybridProposer(suffix, _draft_model_proposer(config, draft_model, max_num_seqs, max_model_len, device,
-                                                            dtype))
-    return _draft_model_proposer(config, draft_model, max_num_seqs, max_model_len, device, dtype)
+        return _suffix_proposer(config)
+    if draft_model is None:
+        raise ValueError(f"method='draft_model' needs the loaded draft model (model={config.model!r})")
+    from spec.proposers.draft_model import DraftModelProposer
+    return DraftModelProposer(draft_model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                              draft_sample_method=config.draft_sample_method, device=device, dtype=dtype)
 
 
 def _suffix_proposer(config: SpecConfig):
@@ -39,11 +35,6 @@ def _suffix_proposer(config: SpecConfig):
                           config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob,
                           config.suffix_decoding_max_cached_tokens, history=history)
 
-
-def _draft_model_proposer(config: SpecConfig, draft_model, max_num_seqs: int, max_model_len: int, device, dtype):
-    from spec.proposers.draft_model import DraftModelProposer
-    return DraftModelProposer(draft_model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                              draft_sample_method=config.draft_sample_method, device=device, dtype=dtype)
 
 
 __all__ = ["DrafterConfigError", "DraftRequest", "Proposal", "Proposer", "build_proposer"]

@@ -13,9 +13,11 @@ Two sources of drafts, both count-annotated suffix tries (spec/proposers/suffix_
   output longer than max_cached_tokens is not cached.
 
 Per request, with k = max_num_tokens[i]: each trie speculates from the longest suffix of token_ids it holds
-(match_length), capped at min(k, ceil(max_spec_factor * match_length)) drafts; confidence[j] is the conditional
-frequency of draft j in that trie. The proposal with the higher score (sum of confidences) wins; ties go to the
-group trie.
+(match_length), capped at min(k, ceil(max_spec_factor * match_length)) drafts. The proposal with the higher score
+(sum of the conditional frequencies of its drafts in their trie) wins; ties go to the group trie. confidence[j] is
+draft j's frequency times n / (n + MATCH_EVIDENCE), n the match length: a frequency alone cannot tell a prompt's
+earlier rollout, matched over the whole prompt, from a continuation seen once after the same two tokens elsewhere
+in the prompt, and adaptive verification calibrates confidences by value (spec/adaptive/calibration.py).
 """
 
 import itertools
@@ -28,6 +30,9 @@ from spec.checks import check_int, check_number
 from spec.proposers.base import DraftRequest, Proposal
 from spec.proposers.history import HistoryStore
 from spec.proposers.suffix_tree import SuffixTree
+
+MATCH_EVIDENCE = 4  # a match of 4 tokens halves a draft's confidence, one of 20 keeps 5/6 of it: on the shipped
+# task a 1-2 token match continues right about one time in ten, a whole prompt's nine times in ten
 
 
 @dataclass
@@ -73,23 +78,17 @@ class SuffixProposer:
         return self._global_trie.num_nodes
 
     def propose(self, requests: Sequence[DraftRequest], max_num_tokens: Sequence[int]) -> Proposal:
-        return self.propose_matched(requests, max_num_tokens)[0]
-
-    def propose_matched(self, requests: Sequence[DraftRequest],
-                        max_num_tokens: Sequence[int]) -> tuple[Proposal, list[int]]:
-        """The proposal, and per request the length of the context suffix its drafts continue (0: no drafts)."""
         if len(requests) != len(max_num_tokens):
             raise ValueError(f"got {len(requests)} requests and {len(max_num_tokens)} max_num_tokens; "
                              "pass one cap per request")
         for request in requests:  # every trie is current before any request reads it
             self._sync(request)
-        token_ids, confidence, match_lengths = [], [], []
+        token_ids, confidence = [], []
         for request, k in zip(requests, max_num_tokens):
-            drafts, conf, match_length = self._propose_one(request, k)
+            drafts, conf = self._propose_one(request, k)
             token_ids.append(drafts)
             confidence.append(conf)
-            match_lengths.append(match_length if drafts else 0)
-        return Proposal(token_ids=token_ids, confidence=confidence, draft_probs=None), match_lengths
+        return Proposal(token_ids=token_ids, confidence=confidence, draft_probs=None)
 
     def finish(self, request: DraftRequest) -> None:
         group = self._groups.get(request.group_id)
@@ -135,15 +134,17 @@ class SuffixProposer:
                              "new request a new req_id")
         trie.extend(request.req_id, request.token_ids[len(inserted):])
 
-    def _propose_one(self, request: DraftRequest, k: int) -> tuple[list[int], list[float], int]:
+    def _propose_one(self, request: DraftRequest, k: int) -> tuple[list[int], list[float]]:
         if k <= 0:
-            return [], [], 0
+            return [], []
         best = self._speculate(self._groups[request.group_id].trie, request.token_ids, k)
         if self._global_trie.num_seqs:
             other = self._speculate(self._global_trie, request.token_ids, k)
             if sum(other[1]) > sum(best[1]):
                 best = other
-        return best
+        drafts, probs, match_length = best
+        evidence = match_length / (match_length + MATCH_EVIDENCE)
+        return drafts, [p * evidence for p in probs]
 
     def _speculate(self, trie: SuffixTree, context: list[int], k: int) -> tuple[list[int], list[float], int]:
         drafts, probs, match_length = trie.match(context, k, self.min_token_prob)
