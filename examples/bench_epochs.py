@@ -9,8 +9,9 @@ learn from a prompt's earlier rollouts (`history`) are measured as a training ru
 Arms (`--arms`, default all; a table in `embedded_arms` and bench_epochs_worker.vllm_arms, one line each): the
 embedded engine with no speculation (`no_spec`, always run), the shipped draft model with the default schedule
 (`draft_schedule`), the project's suffix drafter (`suffix`: live siblings and a global cache, K = 4), suffix decoding
-from each prompt's earlier rollouts (`history_k4`, `history_k8`, `history_adaptive`: K = 8 with adaptive
-verification), whatever `rollout.default_speculative_config()` returns now (`default`); vLLM's CPU build without
+from each prompt's earlier rollouts (`history_k4`, `history_k8`: static K, trees 12 deep), whatever
+`rollout.default_speculative_config()` returns now (`default`: today the history drafter with K = 8 and adaptive
+verification); vLLM's CPU build without
 speculation and with its own suffix decoding at K = --vllm-k (`vllm_no_spec`, `vllm_suffix`; each in its own
 process run with --vllm-python; skipped with a message where that interpreter or Arctic Inference is missing).
 
@@ -77,16 +78,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+HISTORY = {"method": "history", "suffix_decoding_max_tree_depth": 12}  # the static arms' trees: the default's
+
+
 def embedded_arms() -> dict[str, dict | None]:
     """Embedded arm -> speculative config (None: no speculation); adding an arm is one line."""
     return {
         "no_spec": None,
         "draft_schedule": embedded_configs(None)["schedule"],  # the shipped draft, K = 8, DEFAULT_SCHEDULE
         "suffix": {"method": "suffix", "num_speculative_tokens": 4},
-        "history_k4": {"method": "history", "num_speculative_tokens": 4},
-        "history_k8": {"method": "history", "num_speculative_tokens": 8},
-        "history_adaptive": {"method": "history", "num_speculative_tokens": 8, "enable_adaptive_verification": True},
-        "default": default_speculative_config(),
+        "history_k4": {**HISTORY, "num_speculative_tokens": 4},
+        "history_k8": {**HISTORY, "num_speculative_tokens": 8},
+        "default": default_speculative_config(),  # today: history, K = 8, adaptive verification (rollout/defaults.py)
     }
 
 

@@ -54,7 +54,8 @@ def _add_common(parser: argparse.ArgumentParser, num_generations: int, max_token
                              "draft_model with K = 8 and the default per-batch-size schedule")
     parser.add_argument("--speculative-config", default=None,
                         help="the same JSON as vLLM's --speculative-config; 'none' turns speculation off "
-                             "(default: the shipped draft with a per-batch-size schedule, for --model default)")
+                             "(default: rollout.default_speculative_config(), the rollout-history drafter with K = 8 "
+                             "and adaptive verification, which needs no draft model)")
     parser.add_argument("--num-generations", type=_positive_int, default=num_generations, help="samples per prompt")
     parser.add_argument("--max-tokens", type=_positive_int, default=max_tokens,
                         help="completion tokens per sample at most")
@@ -116,7 +117,7 @@ def speculative_config_from_args(args) -> dict | None:
     if args.speculative_config is None:
         if args.draft_model is not None:
             return default_speculative_config(draft_model=args.draft_model)
-        return default_speculative_config() if args.model == "default" else None
+        return default_speculative_config()
     if args.speculative_config.strip().lower() == "none":
         return None
     from spec import SpecConfig

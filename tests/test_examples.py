@@ -69,7 +69,7 @@ def assert_bench_epochs_ran(stdout: str, output_dir: Path, arms: list[str]) -> N
 
 
 def test_bench_epochs(tmp_path):
-    arms = ["no_spec", "draft_schedule", "suffix", "history_k4", "history_k8", "history_adaptive", "default"]
+    arms = ["no_spec", "draft_schedule", "suffix", "history_k4", "history_k8", "default"]
     stdout = run([sys.executable, *EPOCHS, "--arms", ",".join(arms), "--output-dir", tmp_path])
     assert_bench_epochs_ran(stdout, tmp_path, arms)
 
