@@ -73,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed batches per arm before the first step")
     p.add_argument("--threads", type=int, default=2, help="torch threads here and OMP threads of the vLLM processes")
     p.add_argument("--device", default="cpu", help="the embedded generator's and the trainer's device")
+    p.add_argument("--dtype", default="float32", help="the embedded generator's dtype (bfloat16 on a GPU); the "
+                   "trainer's policy stays float32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default=str(ROOT / "examples" / "results"))
     return p.parse_args(argv)
@@ -140,7 +142,7 @@ class ShapeRun:
         start = time.perf_counter()
         self.generator = RolloutGenerator("default", speculative_config=None, max_num_seqs=rows,
                                           max_model_len=self.max_model_len, device=args.device,
-                                          dtype=torch.float32, seed=args.seed)
+                                          dtype=getattr(torch, args.dtype), seed=args.seed)
         self.speculations = {a: self.generator.build_speculation(c) for a, c in arms.items() if not is_vllm(a)}
         startup = {"embedded": time.perf_counter() - start}
         self.workers = {a: self._start_worker(a, rows, output_dir) for a in arms if is_vllm(a)}

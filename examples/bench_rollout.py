@@ -16,7 +16,7 @@ Every arm is timed through `GRPOTrainer._generate` on the same prompts with the 
 1) and weights; each arm serves from its own process (examples/bench_rollout_worker.py; the embedded arms share one),
 so one arm's threads and memory never skew another's, and the arms take turns: every repeat draws new prompts (the
 same for every arm) and rotates the arm order. Adaptive arms first roll out --warmup untimed batches of each shape
-(their closed-batch decisions read a size's last batches, as a training run's repeated steps give them).
+(their calibration and step costs learn from them, as from a training run's repeated steps).
 
 The bound: from the embedded arms' own steps, the measured seconds of a step at each batch size and K (static arms,
 batch sizes bucketed by powers of two) and the measured acceptance per draft position, a step at batch size B with K
@@ -145,7 +145,7 @@ def run(args, arms: list[str], workers: dict[str, Worker]) -> dict:
     for shape in runs:
         num_prompts, num_generations = shapes(shape)[0]
         request = {"num_prompts": num_prompts, "num_generations": num_generations}
-        for arm in arms:  # untimed: first-call costs; adaptive arms learn the shape's closed batches
+        for arm in arms:  # untimed: first-call costs; adaptive arms calibrate and refine their costs
             for warm in range(args.warmup if arm in ADAPTIVE else 1):
                 workers[arm].ask({**request, "arm": arm, "prompt_seed": 10_000 + warm})
         num_repeats = max(args.repeats, args.repeats * max_rows(args.shapes) // (num_prompts * num_generations) // 2)

@@ -2,9 +2,9 @@
 
     python examples/bench_rollout_worker.py --arms no_spec,k4,schedule [--max-rows 512] ...
 
-One process hosts the embedded arms on one generator (one KV cache, one set of weights): an arm is a speculative
-config and a speculation policy swapped in before its call, and every adaptive arm keeps its own policy (its
-calibration, refined costs and closed-batch replays) across calls, as a training run does. A vLLM arm or TRL's own
+One process hosts the embedded arms on one generator (one KV cache, one set of weights): an arm is a speculation
+(its drafter and policy, RolloutGenerator.build_speculation) swapped in before its call, and every adaptive arm keeps
+its own policy (its calibration and refined costs) across calls, as a training run does. A vLLM arm or TRL's own
 generation runs alone in its process (vLLM's engine is built for one config). Every arm is timed through the same
 code, `GRPOTrainer._generate` on the batch a GRPO step would generate, with one trainer per batch shape.
 

@@ -174,8 +174,6 @@ def _summarise(stats: list[dict]) -> dict:
             "mean_acceptance_length": statistics.mean(s["mean_acceptance_length"] for s in stats),
             "num_drafted_per_position": _column_sums(s["num_drafted_per_position"] for s in stats),
             "num_accepted_per_position": _column_sums(s["num_accepted_per_position"] for s in stats)})
-    if "draft_cap" in stats[0]:  # adaptive arms: the most drafts each repeat offered a request
-        summary["draft_caps"] = [s["draft_cap"] for s in stats]
     return summary
 
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks, in one run on a CUDA machine: the CUDA tests, then the GRPO-step benchmark's embedded arms in
 # bfloat16 against TRL's own generation (HF generate), with every embedded arm's greedy completions checked token for
-# token against HF generate's. Results (JSON, plot, logs) go to $OUT (default: examples/results/cuda).
+# token against HF generate's, then the multi-epoch benchmark's embedded arms in bfloat16 at 64x8 (target forwards
+# per step and tokens/s per epoch; every arm's samples checked against no speculation's). Results (JSON, plots, logs)
+# go to $OUT (default: examples/results/cuda).
 #
 #   examples/device_check.sh [WHEELS_DIR]     # WHEELS_DIR: wheels to install first (trl, datasets, ... where missing)
 #
-# Quick settings for a smoke run: SHAPES=2x2 REPEATS=1 MAX_TOKENS=32 examples/device_check.sh
+# Quick settings for a smoke run: SHAPES=2x2 EPOCH_SHAPES=2x2 EPOCHS=2 REPEATS=1 MAX_TOKENS=32 examples/device_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-examples/results/cuda}
@@ -28,3 +30,8 @@ $PYTHON examples/bench_rollout.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-b
     --shapes "${SHAPES:-8x8,32x8,64x8}" --repeats "${REPEATS:-3}" --max-completion-length "${MAX_TOKENS:-320}" \
     --arms "${ARMS:-trl_generate,no_spec,k1,k2,k4,k8,schedule,adaptive,schedule_adaptive}" \
     --greedy-check "${GREEDY:-32}" --output-dir "$OUT" 2>&1 | tail -40 | tee "$OUT/bench_rollout.txt"
+
+$PYTHON examples/bench_epochs.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --threads 4 \
+    --shapes "${EPOCH_SHAPES:-64x8}" --epochs "${EPOCHS:-3}" --max-completion-length "${MAX_TOKENS:-320}" \
+    --arms "${EPOCH_ARMS:-no_spec,draft_schedule,suffix,history_k4,history_k8,default}" --lr-warmup-steps 0 \
+    --output-dir "$OUT" 2>&1 | tail -30 | tee "$OUT/bench_epochs.txt"

@@ -26,11 +26,13 @@ policy (Adam's first, sign-like steps move every weight by the learning rate).
 """
 
 import argparse
+import json
 import math
 import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 from datasets import Dataset
@@ -58,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-completion-length", type=int, default=320, help="the task's longest completions fit")
+    p.add_argument("--speculative-config", default=None,
+                   help="the generator's config as JSON, or 'none' (default: rollout.default_speculative_config(); "
+                        "--drafter-refresh-steps needs a draft_model config)")
     p.add_argument("--drafter-refresh-steps", type=int, default=0, help="distil the draft every N steps; 0: off")
     p.add_argument("--backend", choices=("embedded", "vllm", "server"), default="embedded",
                    help="the rollout engine: this package's, vllm.LLM in each process, or a running vLLM server")
@@ -109,12 +114,15 @@ def grpo_config(args, num_processes: int) -> GRPOConfig:
 
 
 def build_generator(args, config: GRPOConfig) -> RolloutGenerator:
-    """The default pair with the default schedule on --backend; a server runs the config it was started with."""
+    """The default pair with --speculative-config (default: the backend's default config) on --backend; a server
+    runs the config it was started with."""
     if args.backend == "server":
         return RolloutGenerator(backend="server", base_url=args.base_url, seed=args.seed,
                                 server_kwargs={"weights_dir": args.weights_dir})
     device = config.device if args.backend == "embedded" else None
-    return RolloutGenerator("default", speculative_config=default_speculative_config(), device=device,
+    speculative_config = default_speculative_config(args.backend) if args.speculative_config is None else (
+        None if args.speculative_config.lower() == "none" else json.loads(args.speculative_config))
+    return RolloutGenerator("default", speculative_config=speculative_config, device=device,
                             backend=args.backend, seed=args.seed, max_num_seqs=128 if args.backend == "vllm" else 64)
 
 
@@ -158,6 +166,9 @@ def main(argv=None) -> dict:
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     if trainer.accelerator.is_main_process:
         print(summary(history, before, after))
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        Path(args.output_dir, "run.json").write_text(json.dumps(
+            {"args": vars(args), "history": history, "reward_before": before, "reward_after": after}, indent=1))
     return {"history": history, "reward_before": before, "reward_after": after}
 
 
