@@ -54,8 +54,9 @@ def _add_common(parser: argparse.ArgumentParser, num_generations: int, max_token
                              "draft_model with K = 8 and the default per-batch-size schedule")
     parser.add_argument("--speculative-config", default=None,
                         help="the same JSON as vLLM's --speculative-config; 'none' turns speculation off "
-                             "(default: rollout.default_speculative_config(), the rollout-history drafter with K = 8 "
-                             "and adaptive verification, which needs no draft model)")
+                             "(default: rollout.default_speculative_config(backend); embedded: the rollout-history "
+                             "drafter with K = 8 and adaptive verification, which needs no draft model; vllm: the "
+                             "draft model with K = 8 and the default schedule)")
     parser.add_argument("--num-generations", type=_positive_int, default=num_generations, help="samples per prompt")
     parser.add_argument("--max-tokens", type=_positive_int, default=max_tokens,
                         help="completion tokens per sample at most")
@@ -115,9 +116,7 @@ def _positive_int(text: str) -> int:
 
 def speculative_config_from_args(args) -> dict | None:
     if args.speculative_config is None:
-        if args.draft_model is not None:
-            return default_speculative_config(draft_model=args.draft_model)
-        return default_speculative_config()
+        return default_speculative_config(getattr(args, "backend", "embedded"), args.draft_model)
     if args.speculative_config.strip().lower() == "none":
         return None
     from spec import SpecConfig
