@@ -19,10 +19,12 @@ and 4 of each of --num-held-out unseen ones, and the mean rewards are printed (a
 weights synced). Every process builds its own generator on its own device and rolls out its own share of the
 prompts.
 
-What a 30-step CPU run shows (float32, one thread, 18 minutes): the held-out reward rises from 0.585 to 0.611 (256
-problems x 4 samples), the evaluated training problems' from 0.506 to 0.547, and acceptance stays at 0.58 (mean K
-4.6) as the policy moves. Learning rate: 5e-5; at 1e-4 and above the reward fell on the previous, smaller task's
-policy (Adam's first, sign-like steps move every weight by the learning rate).
+What a 30-step CPU run shows (--num-problems 64, float32, one thread, the default rollout-history drafter, 17
+minutes): the held-out reward rises from 0.585 to 0.605 (256 problems x 4 samples) and the training problems' from
+0.506 to 0.654; acceptance holds at 0.84 as the policy moves and history comes from older policies. The same run with
+--speculative-config none gives the same reward at every step (seeded sampling, lossless verification).
+Learning rate: 5e-5; at 1e-4 and above the reward fell on the previous, smaller task's policy (Adam's first,
+sign-like steps move every weight by the learning rate).
 """
 
 import argparse
