@@ -12,8 +12,10 @@ embedded engine with no speculation (`no_spec`, always run), the shipped draft m
 from each prompt's earlier rollouts (`history_k4`, `history_k8`: static K, trees 12 deep), whatever
 `rollout.default_speculative_config()` returns now (`default`: today the history drafter with K = 8 and adaptive
 verification); vLLM's CPU build without
-speculation and with its own suffix decoding at K = --vllm-k (`vllm_no_spec`, `vllm_suffix`; each in its own
-process run with --vllm-python; skipped with a message where that interpreter or Arctic Inference is missing).
+speculation, with `rollout.default_speculative_config("vllm")`, with its own suffix decoding at K = --vllm-k, and
+with the project's history drafter through vLLM's custom_class hook at that K, static and adaptive (`vllm_no_spec`,
+`vllm_default`, `vllm_suffix`, `vllm_history`, `vllm_history_adaptive`; each in its own process run with
+--vllm-python; skipped with a message where that interpreter, or for vllm_suffix Arctic Inference, is missing).
 
 A shape PxG is P prompts generated G times per optimizer step; each shape is its own training run from the shipped
 target (TRL GRPOTrainer, float32, constant learning rate after --lr-warmup-steps), over --epochs passes of
@@ -64,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=3, help="passes over the fixed prompt set")
     p.add_argument("--num-prompts", type=int, default=64, help="the fixed prompt set (distinct prompts)")
     p.add_argument("--arms", default=",".join([*embedded_arms(), *vllm_arms(0)]))
-    p.add_argument("--vllm-k", type=int, default=4, help="K of vllm_suffix")
+    p.add_argument("--vllm-k", type=int, default=4, help="K of vllm_suffix and the vllm_history arms")
     p.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     p.add_argument("--max-completion-length", type=int, default=320)
     p.add_argument("--learning-rate", type=float, default=5e-5)

@@ -22,19 +22,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout import RolloutGenerator, SamplingParams  # noqa: E402
+from rollout import RolloutGenerator, SamplingParams, default_speculative_config  # noqa: E402
 from rollout.default_task import reward  # noqa: E402
 
 
 def vllm_arms(k: int) -> dict[str, dict | None]:
-    """vLLM arm -> speculative config: no speculation, and vLLM's own suffix decoding (Arctic Inference) at K = k."""
-    return {"vllm_no_spec": None, "vllm_suffix": {"method": "suffix", "num_speculative_tokens": k}}
+    """vLLM arm -> speculative config: no speculation; rollout.default_speculative_config("vllm") (`vllm_default`);
+    vLLM's own suffix decoding (Arctic Inference) at K = k; the project's history drafter through vLLM's custom_class
+    hook at K = k (trees 12 deep, as the embedded default's), static and with adaptive verification."""
+    history = {"method": "history", "num_speculative_tokens": k, "suffix_decoding_max_tree_depth": 12}
+    return {"vllm_no_spec": None, "vllm_default": default_speculative_config("vllm"),
+            "vllm_suffix": {"method": "suffix", "num_speculative_tokens": k}, "vllm_history": history,
+            "vllm_history_adaptive": {**history, "enable_adaptive_verification": True}}
 
 
 def record(batch, seconds: float, prompts: list[str]) -> dict:
     """An arm's figures for one step: wall seconds of its generate call, completion tokens, engine steps (= target
     forward passes), acceptance counts (mean acceptance length = 1 + accepted / spec steps, the bonus token counted)
-    and the batch's mean reward (samples of prompt i are rows i * G .. i * G + G - 1)."""
+    and the batch's mean reward (samples of prompt i are rows i * G .. i * G + G - 1); drafter_seconds: the project's
+    drafter's own time inside vLLM (None for other arms)."""
     stats = batch.stats
     num_generations = len(batch.samples) // len(prompts)
     rewards = [reward(prompts[i // num_generations], s.text) for i, s in enumerate(batch.samples)]
@@ -43,7 +49,7 @@ def record(batch, seconds: float, prompts: list[str]) -> dict:
             "num_spec_steps": stats["num_spec_steps"], "num_draft_tokens": stats["num_draft_tokens"],
             "num_accepted_draft_tokens": stats["num_accepted_draft_tokens"],
             "mean_acceptance_length": stats["mean_acceptance_length"],
-            "mean_reward": sum(rewards) / len(rewards)}
+            "mean_reward": sum(rewards) / len(rewards), "drafter_seconds": stats.get("drafter_seconds")}
 
 
 def timed_generate(generator, prompt_ids: list[list[int]], prompts: list[str], num_generations: int,

@@ -2,8 +2,10 @@
 # The GPU checks, in one run on a CUDA machine: the CUDA tests, then the GRPO-step benchmark's embedded arms in
 # bfloat16 against TRL's own generation (HF generate), with every embedded arm's greedy completions checked token for
 # token against HF generate's, then the multi-epoch benchmark's embedded arms in bfloat16 at 64x8 (target forwards
-# per step and tokens/s per epoch; every arm's samples checked against no speculation's). Results (JSON, plots, logs)
-# go to $OUT (default: examples/results/cuda).
+# per step and tokens/s per epoch; every arm's samples checked against no speculation's); where vLLM's CUDA build is
+# installed, the project's drafters inside vLLM (tests/test_vllm_proposer.py: greedy equality through the custom_class
+# proposer on 32 prompts) and the multi-epoch benchmark's vLLM arms at 64x8. Results (JSON, plots, logs) go to $OUT
+# (default: examples/results/cuda).
 #
 #   examples/device_check.sh [WHEELS_DIR]     # WHEELS_DIR: wheels to install first (trl, datasets, ... where missing)
 #
@@ -35,3 +37,14 @@ $PYTHON examples/bench_epochs.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bf
     --shapes "${EPOCH_SHAPES:-64x8}" --epochs "${EPOCHS:-3}" --max-completion-length "${MAX_TOKENS:-320}" \
     --arms "${EPOCH_ARMS:-no_spec,draft_schedule,suffix,history_k4,history_k8,default}" --lr-warmup-steps 0 \
     --output-dir "$OUT" 2>&1 | tail -30 | tee "$OUT/bench_epochs.txt"
+
+if $PYTHON -c "import vllm" 2>/dev/null; then
+  $PYTHON -m pytest -q -p no:cacheprovider tests/test_vllm_proposer.py 2>&1 | tail -15 | tee "$OUT/test_vllm_proposer.txt"
+  mkdir -p "$OUT/vllm"
+  $PYTHON examples/bench_epochs.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --threads 4 \
+      --shapes "${EPOCH_SHAPES:-64x8}" --epochs "${EPOCHS:-3}" --max-completion-length "${MAX_TOKENS:-320}" \
+      --arms "no_spec,vllm_no_spec,vllm_suffix,vllm_history,vllm_history_adaptive" --vllm-python "$PYTHON" \
+      --lr-warmup-steps 0 --output-dir "$OUT/vllm" 2>&1 | tail -30 | tee "$OUT/bench_epochs_vllm.txt"
+else
+  echo "vLLM cannot be imported here: its CUDA checks are skipped" | tee "$OUT/vllm.txt"
+fi

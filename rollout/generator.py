@@ -157,8 +157,8 @@ class RolloutGenerator:
 
     def save_rollout_history(self, path) -> bool:
         """Write the drafter's rollout history (method "history": each prompt's latest rollouts) to `path`, one .npz
-        file; False, writing nothing, where the drafter keeps none. SpecRolloutCallback saves it with each trainer
-        checkpoint."""
+        file; False, writing nothing, where the drafter keeps none, and on backend="server" (the server's workers
+        hold it, shared by its clients). SpecRolloutCallback saves it with each trainer checkpoint."""
         with self._lock:
             return self.backend.save_rollout_history(path)
 

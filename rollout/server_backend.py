@@ -44,8 +44,8 @@ from rollout.loading import eos_token_ids, generation_config, load_tokenizer
 from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams, mix_seed
 from rollout.server_http import ServerClient, ServerError
-from rollout.vllm_common import (VLLMCommon, acceptance_record, counters_from_records, difference, engine_counters,
-                                 make_sample, vllm_batch)
+from rollout.vllm_common import (CONFIG_KEY, PROPOSER_CLASS, VLLMCommon, acceptance_record, counters_from_records,
+                                 difference, engine_counters, make_sample, vllm_batch)
 from spec import SpecConfig
 
 _SPEC_KEYS = ("method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size")
@@ -75,7 +75,8 @@ class ServerBackend(VLLMCommon):
         served = self._served_model()
         self.served_model_name, self.max_model_len = served["id"], served["max_model_len"]
         vllm_config = self._vllm_config()
-        self.config = _spec_config(vllm_config.get("speculative_config"), self.client.base_url)
+        self.config = _spec_config(vllm_config.get("speculative_config"), vllm_config.get("additional_config"),
+                                   self.client.base_url)
         self.num_spec_tokens = 0 if self.config is None else self.config.num_speculative_tokens
         self.max_num_seqs = vllm_config["scheduler_config"]["max_num_seqs"]
         self.dtype = getattr(torch, vllm_config["model_config"]["dtype"].removeprefix("torch."))
@@ -225,10 +226,15 @@ class ServerBackend(VLLMCommon):
         return metrics.get(_START_TIME)
 
 
-def _spec_config(spec: dict | None, base_url: str) -> SpecConfig | None:
+def _spec_config(spec: dict | None, additional: dict | None, base_url: str) -> SpecConfig | None:
+    """The server's speculative config: this project's own (additional_config[CONFIG_KEY]) where the server runs the
+    project's proposer class, else the keys of vLLM's that this package reads."""
     if not spec:
         return None
-    config = {key: spec[key] for key in _SPEC_KEYS if spec.get(key) is not None}
+    if spec.get("method") == "custom_class" and spec.get("model") == PROPOSER_CLASS:
+        config = (additional or {}).get(CONFIG_KEY)
+    else:
+        config = {key: spec[key] for key in _SPEC_KEYS if spec.get(key) is not None}
     try:
         return SpecConfig.from_dict(config)
     except ValueError as e:

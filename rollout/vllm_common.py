@@ -30,6 +30,10 @@ COUNTER_NAMES = {"vllm:spec_decode_num_drafts": "num_spec_steps",
                  "vllm:spec_decode_num_accepted_tokens": "num_accepted_draft_tokens",
                  "vllm:iteration_tokens_total": "num_steps"}
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# this project's drafters on vLLM (spec.config.PROTOCOL_METHODS): the custom_class vLLM builds, and the key of
+# vLLM's additional_config that holds the project's speculative config for it (vllm_backend/proposer.py)
+PROPOSER_CLASS = "rollout.vllm_backend.proposer.RolloutProposer"
+CONFIG_KEY = "rollout_speculative_config"
 
 
 class VLLMCommon:
@@ -101,16 +105,23 @@ def make_sample(i: int, j: int, prompt_ids: list[int], ids: list[int], logprobs:
                   finish_reason, record.to_dict())
 
 
-def vllm_batch(samples: list[Sample], records: list[RequestAcceptance], counters: dict,
-               elapsed: float) -> RolloutBatch:
-    """The batch; counters: the call's engine-counter differences (COUNTED and num_steps)."""
+def vllm_batch(samples: list[Sample], records: list[RequestAcceptance], counters: dict, elapsed: float,
+               drafter: dict | None = None) -> RolloutBatch:
+    """The batch; counters: the call's engine-counter differences (COUNTED and num_steps); drafter: the differences
+    of the project's proposer's counts over the call (vllm_backend/proposer.py), None under vLLM's own drafters."""
     stats = AcceptanceStats()
     for record in records:
         stats.add(record)
     for name in COUNTED:
         setattr(stats.total, name, counters[name])
+    extra, metrics = {}, {}
+    if drafter is not None:
+        extra = {"drafter_seconds": drafter["seconds"], "num_drafter_faults": drafter["num_faults"],
+                 "num_proposed_draft_tokens": drafter["num_draft_tokens"]}
+        metrics = {"spec/drafter_time_fraction": drafter["seconds"] / max(elapsed, 1e-9),
+                   "spec/num_drafter_faults": float(drafter["num_faults"])}
     return build_batch(samples, stats, num_row_steps=sum(map(_num_row_steps, samples)),
-                       num_steps=counters["num_steps"], elapsed=elapsed)
+                       num_steps=counters["num_steps"], elapsed=elapsed, stats=extra, metrics=metrics)
 
 
 def engine_counters(readings: Iterable[tuple[str, int | None, float]], num_spec_tokens: int) -> dict:

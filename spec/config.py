@@ -12,6 +12,9 @@ from spec.checks import check_bool, check_int, check_number, check_optional_int
 from spec.schedule import BatchSizeSchedule
 
 EMBEDDED_METHODS = ("draft_model", "ngram", "suffix", "history", "custom_class")
+# drafters to this project's Proposer protocol (spec/proposers/base.py): vLLM runs them through its custom_class hook
+# and the project's proposer class (rollout/vllm_backend/proposer.py), not through to_vllm
+PROTOCOL_METHODS = ("history", "custom_class")
 VLLM_ONLY_METHODS = ("eagle", "eagle3", "mtp", "dflash", "dspark", "medusa", "mlp_speculator")
 REJECTION_SAMPLE_METHODS = ("standard", "synthetic", "block")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
@@ -33,7 +36,8 @@ class SpecConfig:
         (spec/schedule.py has the rules); None: always num_speculative_tokens.
     enable_adaptive_verification: each step, verify per request only the drafts whose calibrated survival pays
         for their verification time (spec/adaptive/policy.py); K (or the schedule's K) is the cap. Embedded engine:
-        every drafter, with point proposals (greedy draft sampling); vLLM: its DSpark drafter only.
+        every drafter, with point proposals (greedy draft sampling); vLLM: its DSpark drafter, and this project's
+        drafters (`history`, `custom_class`) through the project's proposer (spec/adaptive/observed.py).
     rejection_sample_method: `standard` (lossless; the only one the embedded engine runs), `synthetic`, `block`.
     draft_sample_method: `greedy` (drafts are the draft distribution's argmax) or `probabilistic` (sampled).
     prompt_lookup_min / prompt_lookup_max: n-gram sizes tried by `ngram`, longest first.
@@ -169,6 +173,13 @@ class SpecConfig:
         """Every key with its value, as JSON-ready data that from_dict (and vLLM) accepts."""
         return {name: getattr(self, name) for name in self.keys()}
 
+    def check_vllm_protocol(self) -> None:
+        """NotImplementedError when vLLM cannot run this PROTOCOL_METHODS config through the project's proposer."""
+        if self.draft_sample_method != "greedy":
+            raise NotImplementedError(f"draft_sample_method={self.draft_sample_method!r} with method={self.method!r} "
+                                      "on vLLM: vLLM verifies a custom_class drafter's drafts as point proposals; "
+                                      "use draft_sample_method='greedy'")
+
     def check_embedded(self) -> None:
         """NotImplementedError when this config needs vLLM rather than the embedded engine."""
         if self.method not in EMBEDDED_METHODS:
@@ -193,24 +204,25 @@ class SpecConfig:
                 "engine verifies losslessly with 'standard' (use backend=\"vllm\" for the others)")
 
     def to_vllm(self) -> dict:
-        """The `speculative_config` dict for `vllm.LLM`: method, K, and every key set away from its default that
-        vLLM reads for this method (n-gram and suffix sizes are always passed, so both engines use the same ones).
+        """The `speculative_config` dict for `vllm.LLM` with one of vLLM's own drafters: method, K, and every key set
+        away from its default that vLLM reads for this method (n-gram and suffix sizes are always passed, so both
+        engines use the same ones).
 
         NotImplementedError for what vLLM does not run: adaptive verification with a drafter other than DSpark,
-        `custom_class` and `history` drafters (they implement this project's Proposer protocol, not vLLM's), suffix
-        decoding with a per-batch-size schedule (vLLM's asserts one K), and an
-        embedded-only key (EMBEDDED_ONLY_KEYS) set away from its default; those keys are never passed.
+        suffix decoding with a per-batch-size schedule (vLLM's asserts one K), and an embedded-only key
+        (EMBEDDED_ONLY_KEYS) set away from its default; those keys are never passed. The PROTOCOL_METHODS reach vLLM
+        otherwise (check_vllm_protocol).
         """
+        if self.method in PROTOCOL_METHODS:
+            raise NotImplementedError(f"method={self.method!r} is this project's drafter, not one of vLLM's: vLLM runs "
+                                      "it through the project's custom_class proposer (rollout/vllm_backend/), not "
+                                      "through to_vllm")
         if self.enable_adaptive_verification and self.method != "dspark":
             raise NotImplementedError(
                 f"enable_adaptive_verification=True with method={self.method!r}: vLLM runs adaptive verification "
-                "for method='dspark' only; set it to false (K then follows num_speculative_tokens_per_batch_size) "
-                "or use the embedded engine (backend=\"embedded\"), which runs it for every drafter")
-        if self.method in ("custom_class", "history"):
-            raise NotImplementedError(
-                f"method={self.method!r} (model={self.model!r}): the drafter implements this project's Proposer "
-                "protocol (spec/proposers/base.py), which vLLM cannot run; use backend=\"embedded\" (on vLLM, "
-                "method 'suffix' is vLLM's own suffix decoding)")
+                "for method='dspark' only; set it to false (K then follows num_speculative_tokens_per_batch_size), "
+                "use method 'history' (the project's drafter, adaptive on vLLM too) or the embedded engine "
+                "(backend=\"embedded\"), which runs it for every drafter")
         if self.method == "suffix" and self.num_speculative_tokens_per_batch_size is not None:
             raise NotImplementedError(
                 "method='suffix' with num_speculative_tokens_per_batch_size on vLLM: vLLM's suffix decoder asserts "

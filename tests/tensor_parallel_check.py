@@ -1,9 +1,10 @@
 """Run by tests/test_vllm_tensor_parallel.py in its own process (vLLM spawns one worker process per TP rank, which
 re-imports this file as __mp_main__: the work stays under the __main__ guard). backend="vllm" with
 tensor_parallel_size=2 on tiny folders: sampled logprobs against HF (the CPU sampler fix must reach both workers),
-a draft reload (a drafter that is a copy of the target, then noise, then the copy again), and a target load. Prints
-one JSON line of results."""
+a draft reload (a drafter that is a copy of the target, then noise, then the copy again), a target load, and the
+project's history drafter through vLLM's custom_class hook on both ranks. Prints one JSON line of results."""
 
+import gc
 import json
 import shutil
 import sys
@@ -41,8 +42,31 @@ def main(root: str) -> dict:
     target_diff = float((torch.tensor(sample.logprobs)
                          - hf_logprobs(model, sample.prompt_ids, sample.completion_ids, greedy)).abs().max())
     fixed = gen.backend.llm.collective_rpc("sampler_fix_applied")
+    del gen  # one engine at a time: vLLM's parallel groups are process-global
+    gc.collect()
     return {"worst_sampled_logprob_diff": worst, "draft_acceptance": acceptance,
-            "target_logprob_diff_after_load": target_diff, "sampler_fix_applied": fixed}
+            "target_logprob_diff_after_load": target_diff, "sampler_fix_applied": fixed,
+            **history_drafter(target, prompts, greedy)}
+
+
+def history_drafter(target: str, prompts: list[list[int]], greedy) -> dict:
+    """The project's history drafter on both ranks: greedy output against HF's, twice (the second call drafts from
+    the first's rollouts), and each rank's count of proposed drafts (identical drafts on both ranks)."""
+    from transformers import AutoModelForCausalLM
+
+    from rollout import RolloutGenerator
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    expected = [model.generate(torch.tensor([p]), max_new_tokens=greedy.max_tokens, do_sample=False)[0, len(p):]
+                .tolist() for p in prompts]
+    gen = RolloutGenerator(target, backend="vllm", max_num_seqs=8, max_model_len=128,
+                           speculative_config={"method": "history", "num_speculative_tokens": 3},
+                           vllm_kwargs={"tensor_parallel_size": 2})
+    batches = [gen.generate(prompts, 2, greedy, use_tqdm=False) for _ in range(2)]
+    stats = gen.backend.llm.collective_rpc("rollout_drafter_stats")
+    return {"history_greedy_equal": [[s.completion_ids for s in b.samples] == [e for e in expected for _ in range(2)]
+                                     for b in batches],
+            "history_mean_acceptance_length": [b.stats["mean_acceptance_length"] for b in batches],
+            "history_drafts_per_rank": [s["num_draft_tokens"] for s in stats]}
 
 
 if __name__ == "__main__":

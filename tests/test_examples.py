@@ -76,8 +76,9 @@ def test_bench_epochs(tmp_path):
 
 @require_vllm
 def test_bench_epochs_vllm(tmp_path):
-    arms = ["no_spec", "history_k8", "vllm_no_spec"] + (["vllm_suffix"] if importlib.util.find_spec(
-        "arctic_inference") else [])  # without it the benchmark skips vllm_suffix (tests/test_vllm_suffix.py skips)
+    arms = ["no_spec", "history_k8", "vllm_no_spec", "vllm_history_adaptive"]
+    if importlib.util.find_spec("arctic_inference"):  # without it the benchmark skips vllm_suffix (as test_vllm_suffix)
+        arms.append("vllm_suffix")
     stdout = run([sys.executable, *EPOCHS, "--arms", ",".join(arms), "--vllm-python", sys.executable,
                   "--output-dir", tmp_path])
     assert_bench_epochs_ran(stdout, tmp_path, arms)

@@ -60,6 +60,25 @@ def test_default_pair_and_tensor_parallel_binding(monkeypatch):
                                                "vllm.entrypoints.openai.api_server --model ")
 
 
+def test_the_projects_drafter_becomes_vllms_custom_class_with_its_config_beside_it():
+    target = default_model_paths()["target"]
+    history = {"method": "history", "num_speculative_tokens": 4, "history_max_tokens": 1000}
+    args, _ = build_command(["--model", target, "--max-num-seqs", "8", "--speculative-config", json.dumps(history),
+                             "--additional-config={\"plugin\": 1}"], is_cpu=True)
+    flags = _flags(args)
+    assert json.loads(flags["--speculative-config"]) == {
+        "method": "custom_class", "model": "rollout.vllm_backend.proposer.RolloutProposer", "num_speculative_tokens": 4}
+    additional = json.loads(flags["--additional-config"])
+    assert additional["plugin"] == 1 and additional["rollout_speculative_config"]["history_max_tokens"] == 1000
+    assert args.count("--speculative-config") == 1 and not [a for a in args if a.startswith("--additional-config=")]
+    config = AutoConfig.from_pretrained(target)  # no draft model's KV cache: the class is not a model folder
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    assert int(flags["--kv-cache-memory-bytes"]) == per_token * 8 * (min(config.max_position_embeddings, 2048) + 64)
+    with pytest.raises(NotImplementedError, match="point proposals"):
+        build_command(["--model", target, "--speculative-config",
+                       json.dumps({**history, "draft_sample_method": "probabilistic"})], is_cpu=True)
+
+
 def test_the_cli_prints_the_plain_command_on_a_dry_run():
     out = subprocess.run([sys.executable, "-m", "rollout", "serve", "--model", "default", "--dry-run"],
                          capture_output=True, text=True, timeout=120)

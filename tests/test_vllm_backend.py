@@ -16,6 +16,8 @@ from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
 from vllm_testing import hf_logprobs, require_vllm, save_tiny_llama, tiny_default_vocab
 
 from rollout import RolloutGenerator, SamplingParams
+from rollout.vllm_backend.engine_args import speculative_config
+from rollout.vllm_common import CONFIG_KEY, PROPOSER_CLASS
 from spec import SpecConfig
 
 VOCAB = 64
@@ -84,11 +86,23 @@ def test_to_vllm_passes_the_keys_vllm_reads():
 @pytest.mark.parametrize("config, match", [
     ({"method": "draft_model", "model": "/d", "num_speculative_tokens": 3, "enable_adaptive_verification": True},
      "method='dspark' only"),
-    ({"method": "custom_class", "model": "pkg.mod.Drafter", "num_speculative_tokens": 3}, "Proposer protocol"),
+    ({"method": "custom_class", "model": "pkg.mod.Drafter", "num_speculative_tokens": 3}, "custom_class proposer"),
 ])
 def test_to_vllm_refuses_what_vllm_does_not_run(config, match):
     with pytest.raises(NotImplementedError, match=match):
         SpecConfig.from_dict(config).to_vllm()
+
+
+def test_the_projects_drafters_reach_vllm_as_its_custom_class_with_the_whole_config():
+    config = SpecConfig.from_dict({"method": "history", "num_speculative_tokens": 6, "history_max_tokens": 1000,
+                                   "num_speculative_tokens_per_batch_size": [[1, 4, 6], [5, 64, 2]]})
+    spec, additional = speculative_config(config, draft_model=None)
+    assert spec == {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": 6}
+    assert SpecConfig.from_dict(additional[CONFIG_KEY]) == config  # the schedule and history keys included
+    adaptive = SpecConfig.from_dict({**config.to_dict(), "enable_adaptive_verification": True})
+    assert speculative_config(adaptive, draft_model=None)[0] == spec  # run by the proposer, not by vLLM
+    with pytest.raises(NotImplementedError, match="point proposals"):
+        speculative_config(SpecConfig.from_dict({**config.to_dict(), "draft_sample_method": "probabilistic"}), None)
 
 
 # --- bad input with vLLM installed: errors before an engine starts ----------------------------------------------

