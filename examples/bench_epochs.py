@@ -11,11 +11,15 @@ embedded engine with no speculation (`no_spec`, always run), the shipped draft m
 (`draft_schedule`), the project's suffix drafter (`suffix`: live siblings and a global cache, K = 4), suffix decoding
 from each prompt's earlier rollouts (`history_k4`, `history_k8`: static K, trees 12 deep), whatever
 `rollout.default_speculative_config()` returns now (`default`: today the history drafter with K = 8 and adaptive
-verification); vLLM's CPU build without
-speculation, with `rollout.default_speculative_config("vllm")`, with its own suffix decoding at K = --vllm-k, and
-with the project's history drafter through vLLM's custom_class hook at that K, static and adaptive (`vllm_no_spec`,
-`vllm_default`, `vllm_suffix`, `vllm_history`, `vllm_history_adaptive`; each in its own process run with
---vllm-python; skipped with a message where that interpreter, or for vllm_suffix Arctic Inference, is missing).
+verification); vLLM's CPU build without speculation (`vllm_no_spec`), with the shipped draft model and the default
+schedule (`vllm_draft_schedule`), with its own suffix decoding at K = --vllm-k (`vllm_suffix`), with the project's
+history drafter through vLLM's custom_class hook at that static K (`vllm_history`), and with
+`rollout.default_speculative_config("vllm")` (`vllm_default`: today that drafter at K = 4 with adaptive
+verification); each in its own process run with --vllm-python, skipped with a message where that interpreter, or
+for vllm_suffix Arctic Inference, is missing.
+The vLLM arms run side by side, each with a KV cache for the whole batch: at 64x8 one arm takes 4.5 GiB, and a run
+whose arms do not fit in the memory available is refused before they start (split the arms over runs; each keeps
+vllm_no_spec for its ratios).
 
 A shape PxG is P prompts generated G times per optimizer step; each shape is its own training run from the shipped
 target (TRL GRPOTrainer, float32, constant learning rate after --lr-warmup-steps), over --epochs passes of
@@ -52,10 +56,12 @@ from bench_rollout_worker import embedded_configs
 from rollout import RolloutGenerator, default_model_paths, default_prompts, default_speculative_config
 from rollout.default_task import reward
 from rollout.sampling_params import mix_seed
+from rollout.vllm_backend.engine_args import kv_cache_bytes
 from trainers import WeightSync, policy_weights
 from trainers.rollout_func import plan_rollout, trainer_outputs
 
 WARMUP_SEED = 10_000  # warm-up prompts are drawn from here, far from the fixed set's seed
+VLLM_PROCESS_BYTES = 2**30  # a vLLM CPU arm's memory besides its KV cache (0.9 GiB measured with the default pair)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -66,7 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=3, help="passes over the fixed prompt set")
     p.add_argument("--num-prompts", type=int, default=64, help="the fixed prompt set (distinct prompts)")
     p.add_argument("--arms", default=",".join([*embedded_arms(), *vllm_arms(0)]))
-    p.add_argument("--vllm-k", type=int, default=4, help="K of vllm_suffix and the vllm_history arms")
+    p.add_argument("--vllm-k", type=int, default=4, help="K of vllm_suffix and vllm_history")
     p.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     p.add_argument("--max-completion-length", type=int, default=320)
     p.add_argument("--learning-rate", type=float, default=5e-5)
@@ -133,6 +139,23 @@ def fixed_prompts(num_prompts: int, seed: int, exclude=()) -> list[str]:
     return list(distinct)[:num_prompts]
 
 
+def check_kv_memory(vllm_configs: dict, rows: int, max_model_len: int) -> None:
+    """ValueError before any vLLM arm starts when their processes (each a KV cache sized for `rows` requests of
+    max_model_len tokens, as the backend sizes it, and VLLM_PROCESS_BYTES) exceed the memory available now: the arms
+    run side by side, and the last to start would die in vLLM's start-up."""
+    target = default_model_paths()["target"]
+    need = {a: VLLM_PROCESS_BYTES + kv_cache_bytes(target, (c or {}).get("model") if (c or {}).get("method") ==
+                                                   "draft_model" else None, rows, max_model_len, torch.float32)
+            for a, c in vllm_configs.items()}
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    if sum(need.values()) > available:
+        gib = {a: round(n / 2**30, 1) for a, n in need.items()}
+        raise ValueError(f"--arms: the vLLM arms at {rows} rows need {sum(gib.values()):.1f} GiB "
+                         f"({gib}), {available / 2**30:.1f} GiB is available; run fewer vLLM arms per run (each "
+                         "ratio is over the same run's no_spec, so runs with vllm_no_spec in each compare)")
+
+
 class ShapeRun:
     """One training run at one shape: its rollout_func has every arm generate each step's batch; the results so far
     are in `result` (a run that fails keeps the steps before it)."""
@@ -147,6 +170,8 @@ class ShapeRun:
                                           dtype=getattr(torch, args.dtype), seed=args.seed)
         self.speculations = {a: self.generator.build_speculation(c) for a, c in arms.items() if not is_vllm(a)}
         startup = {"embedded": time.perf_counter() - start}
+        if args.device == "cpu":  # vLLM's CPU build keeps its KV caches in host memory
+            check_kv_memory({a: c for a, c in arms.items() if is_vllm(a)}, rows, self.max_model_len)
         self.workers = {a: self._start_worker(a, rows, output_dir) for a in arms if is_vllm(a)}
         startup.update({a: w.startup for a, w in self.workers.items()})
         self.weight_sync, self.weights_dir = WeightSync(self.generator), tempfile.mkdtemp(prefix="bench_epochs_")

@@ -22,18 +22,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout import RolloutGenerator, SamplingParams, default_speculative_config  # noqa: E402
+from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_speculative_config  # noqa: E402
 from rollout.default_task import reward  # noqa: E402
 
 
 def vllm_arms(k: int) -> dict[str, dict | None]:
-    """vLLM arm -> speculative config: no speculation; rollout.default_speculative_config("vllm") (`vllm_default`);
-    vLLM's own suffix decoding (Arctic Inference) at K = k; the project's history drafter through vLLM's custom_class
-    hook at K = k (trees 12 deep, as the embedded default's), static and with adaptive verification."""
-    history = {"method": "history", "num_speculative_tokens": k, "suffix_decoding_max_tree_depth": 12}
-    return {"vllm_no_spec": None, "vllm_default": default_speculative_config("vllm"),
-            "vllm_suffix": {"method": "suffix", "num_speculative_tokens": k}, "vllm_history": history,
-            "vllm_history_adaptive": {**history, "enable_adaptive_verification": True}}
+    """vLLM arm -> speculative config: no speculation; the shipped draft model with the default schedule
+    (`vllm_draft_schedule`); vLLM's own suffix decoding (Arctic Inference) at K = k; the project's history drafter
+    through vLLM's custom_class hook at static K = k (`vllm_history`, trees 12 deep as the default's); and
+    rollout.default_speculative_config("vllm") (`vllm_default`: today that drafter at K = 4 with adaptive
+    verification)."""
+    return {"vllm_no_spec": None,
+            "vllm_draft_schedule": default_speculative_config("vllm", draft_model=default_model_paths()["draft"]),
+            "vllm_suffix": {"method": "suffix", "num_speculative_tokens": k},
+            "vllm_history": {"method": "history", "num_speculative_tokens": k, "suffix_decoding_max_tree_depth": 12},
+            "vllm_default": default_speculative_config("vllm")}
 
 
 def record(batch, seconds: float, prompts: list[str]) -> dict:

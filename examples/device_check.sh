@@ -43,7 +43,7 @@ if $PYTHON -c "import vllm" 2>/dev/null; then
   mkdir -p "$OUT/vllm"
   $PYTHON examples/bench_epochs.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --threads 4 \
       --shapes "${EPOCH_SHAPES:-64x8}" --epochs "${EPOCHS:-3}" --max-completion-length "${MAX_TOKENS:-320}" \
-      --arms "no_spec,vllm_no_spec,vllm_suffix,vllm_history,vllm_history_adaptive" --vllm-python "$PYTHON" \
+      --arms "no_spec,vllm_no_spec,vllm_suffix,vllm_history,vllm_default" --vllm-python "$PYTHON" \
       --lr-warmup-steps 0 --output-dir "$OUT/vllm" 2>&1 | tail -30 | tee "$OUT/bench_epochs_vllm.txt"
 else
   echo "vLLM cannot be imported here: its CUDA checks are skipped" | tee "$OUT/vllm.txt"

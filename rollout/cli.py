@@ -56,7 +56,7 @@ def _add_common(parser: argparse.ArgumentParser, num_generations: int, max_token
                         help="the same JSON as vLLM's --speculative-config; 'none' turns speculation off "
                              "(default: rollout.default_speculative_config(backend); embedded: the rollout-history "
                              "drafter with K = 8 and adaptive verification, which needs no draft model; vllm: the "
-                             "draft model with K = 8 and the default schedule)")
+                             "same drafter inside vLLM with K = 4 and adaptive verification)")
     parser.add_argument("--num-generations", type=_positive_int, default=num_generations, help="samples per prompt")
     parser.add_argument("--max-tokens", type=_positive_int, default=max_tokens,
                         help="completion tokens per sample at most")

@@ -4,8 +4,6 @@ tuner's minimum gain. The CLI, `rollout serve`, the examples and the docs all re
 No heavy import (torch, transformers): `python -m rollout --help` reads these.
 """
 
-from rollout.default_models import default_model_paths
-
 # K by live batch size for the default pair: the table `python -m rollout tune --max-num-seqs 512` measured on the
 # 2-core CPU this project is developed on (2 torch threads, every K timed on rollouts at batch sizes 1..512), made
 # non-increasing in the batch size; from 91 running requests up no K beat no speculation by 2%. Re-run tune on other
@@ -23,12 +21,15 @@ def default_speculative_config(backend: str = "embedded", draft_model: str | Non
     outputs) with K = 8 and adaptive verification through the drain, its suffix trees 12 tokens deep (24, vLLM's
     default, made the drafter's trie updates a fifth of a 512-row call for no more acceptance). On
     examples/bench_epochs.py it beat the draft model with DEFAULT_SCHEDULE at 8x8 and 64x8, fresh prompts included.
-    vllm and server: the draft model (`draft_model`, default: the shipped draft) with K = 8 and DEFAULT_SCHEDULE;
-    vLLM cannot run the history drafter (yet)."""
+    vllm and server: the same drafter inside vLLM (its custom_class hook, rollout/vllm_backend/proposer.py) with
+    K = 4 and adaptive verification: on bench_epochs the fastest of vLLM's arms at 64x8, fresh prompts included,
+    and level with vLLM's own suffix decoding at 8x8; the draft model with DEFAULT_SCHEDULE fell below no
+    speculation at 64x8 there.
+    With `draft_model` given (any backend): that draft model with K = 8 and DEFAULT_SCHEDULE."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: choose one of {list(BACKENDS)}")
-    if backend == "embedded" and draft_model is None:
-        return {"method": "history", "num_speculative_tokens": 8, "enable_adaptive_verification": True,
-                "suffix_decoding_max_tree_depth": 12}
-    return {"method": "draft_model", "model": draft_model or default_model_paths()["draft"],
+    if draft_model is None:
+        return {"method": "history", "num_speculative_tokens": 8 if backend == "embedded" else 4,
+                "enable_adaptive_verification": True, "suffix_decoding_max_tree_depth": 12}
+    return {"method": "draft_model", "model": draft_model,
             "num_speculative_tokens": 8, "num_speculative_tokens_per_batch_size": [list(r) for r in DEFAULT_SCHEDULE]}

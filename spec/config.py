@@ -36,8 +36,9 @@ class SpecConfig:
         (spec/schedule.py has the rules); None: always num_speculative_tokens.
     enable_adaptive_verification: each step, verify per request only the drafts whose calibrated survival pays
         for their verification time (spec/adaptive/policy.py); K (or the schedule's K) is the cap. Embedded engine:
-        every drafter, with point proposals (greedy draft sampling); vLLM: its DSpark drafter, and this project's
-        drafters (`history`, `custom_class`) through the project's proposer (spec/adaptive/observed.py).
+        every drafter, with point proposals (greedy draft sampling); vLLM: this project's drafters (`history`,
+        `custom_class`) through the project's proposer (spec/adaptive/observed.py), and vLLM's own methods where
+        the installed vLLM runs its own adaptive verification for them (to_vllm).
     rejection_sample_method: `standard` (lossless; the only one the embedded engine runs), `synthetic`, `block`.
     draft_sample_method: `greedy` (drafts are the draft distribution's argmax) or `probabilistic` (sampled).
     prompt_lookup_min / prompt_lookup_max: n-gram sizes tried by `ngram`, longest first.
@@ -208,21 +209,18 @@ class SpecConfig:
         away from its default that vLLM reads for this method (n-gram and suffix sizes are always passed, so both
         engines use the same ones).
 
-        NotImplementedError for what vLLM does not run: adaptive verification with a drafter other than DSpark,
-        suffix decoding with a per-batch-size schedule (vLLM's asserts one K), and an embedded-only key
-        (EMBEDDED_ONLY_KEYS) set away from its default; those keys are never passed. The PROTOCOL_METHODS reach vLLM
+        enable_adaptive_verification passes through: whether the installed vLLM runs its own adaptive verification for
+        this method is vLLM's to say (its Model Runner V2 does, for DSpark and, with full CUDA graphs, the EAGLE
+        family and draft models; the V1 runner, the CPU build's, does not), and the vLLM backend turns its refusal
+        into one with the fix. NotImplementedError for what vLLM does not run: suffix decoding with a per-batch-size
+        schedule (vLLM's asserts one K), and an embedded-only key (EMBEDDED_ONLY_KEYS) set away from its default;
+        those keys are never passed. The PROTOCOL_METHODS reach vLLM
         otherwise (check_vllm_protocol).
         """
         if self.method in PROTOCOL_METHODS:
             raise NotImplementedError(f"method={self.method!r} is this project's drafter, not one of vLLM's: vLLM runs "
                                       "it through the project's custom_class proposer (rollout/vllm_backend/), not "
                                       "through to_vllm")
-        if self.enable_adaptive_verification and self.method != "dspark":
-            raise NotImplementedError(
-                f"enable_adaptive_verification=True with method={self.method!r}: vLLM runs adaptive verification "
-                "for method='dspark' only; set it to false (K then follows num_speculative_tokens_per_batch_size), "
-                "use method 'history' (the project's drafter, adaptive on vLLM too) or the embedded engine "
-                "(backend=\"embedded\"), which runs it for every drafter")
         if self.method == "suffix" and self.num_speculative_tokens_per_batch_size is not None:
             raise NotImplementedError(
                 "method='suffix' with num_speculative_tokens_per_batch_size on vLLM: vLLM's suffix decoder asserts "

@@ -76,7 +76,7 @@ def test_bench_epochs(tmp_path):
 
 @require_vllm
 def test_bench_epochs_vllm(tmp_path):
-    arms = ["no_spec", "history_k8", "vllm_no_spec", "vllm_history_adaptive"]
+    arms = ["no_spec", "history_k8", "vllm_no_spec", "vllm_default"]
     if importlib.util.find_spec("arctic_inference"):  # without it the benchmark skips vllm_suffix (as test_vllm_suffix)
         arms.append("vllm_suffix")
     stdout = run([sys.executable, *EPOCHS, "--arms", ",".join(arms), "--vllm-python", sys.executable,

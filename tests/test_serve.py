@@ -9,8 +9,9 @@ import sys
 import pytest
 from transformers import AutoConfig
 
-from rollout import default_model_paths
+from rollout import default_model_paths, default_speculative_config
 from rollout.vllm_backend.serve import build_command, plain_command
+from spec import SpecConfig
 
 
 def _flags(args: list[str]) -> dict[str, str]:
@@ -53,8 +54,10 @@ def test_default_pair_and_tensor_parallel_binding(monkeypatch):
     args, env = build_command(["--model", "default", "-tp", "2"], is_cpu=True)
     flags = _flags(args)
     assert flags["--model"] == default_model_paths()["target"]
-    spec = json.loads(flags["--speculative-config"])
-    assert spec["model"] == default_model_paths()["draft"] and spec["num_speculative_tokens_per_batch_size"]
+    spec, additional = json.loads(flags["--speculative-config"]), json.loads(flags["--additional-config"])
+    assert spec["method"] == "custom_class"  # the default (the history drafter) runs through the project's proposer
+    default = SpecConfig.from_dict(default_speculative_config(backend="vllm"))
+    assert SpecConfig.from_dict(additional["rollout_speculative_config"]) == default
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
     assert plain_command(args, env).startswith("VLLM_SERVER_DEV_MODE=1 VLLM_CPU_OMP_THREADS_BIND='0,1|2,3' python -m "
                                                "vllm.entrypoints.openai.api_server --model ")
@@ -77,6 +80,9 @@ def test_the_projects_drafter_becomes_vllms_custom_class_with_its_config_beside_
     with pytest.raises(NotImplementedError, match="point proposals"):
         build_command(["--model", target, "--speculative-config",
                        json.dumps({**history, "draft_sample_method": "probabilistic"})], is_cpu=True)
+    missing = {"method": "custom_class", "model": "not_installed.drafters.Mine", "num_speculative_tokens": 3}
+    with pytest.raises(ValueError, match="model='not_installed.drafters.Mine': cannot import module 'not_installed"):
+        build_command(["--model", target, "--speculative-config", json.dumps(missing)], is_cpu=True)
 
 
 def test_the_cli_prints_the_plain_command_on_a_dry_run():

@@ -273,7 +273,9 @@ def _unlink_at_exit(before: set[str]) -> None:
 
 def _build_llm(vllm, kwargs: dict, spec: dict | None):
     """vllm.LLM(**kwargs); a config vLLM rejects is a ValueError that names vLLM's reason and the speculative_config
-    it was given (pydantic checks before any model is loaded; the schedule's semantics when the scheduler starts).
+    it was given (pydantic checks before any model is loaded; the schedule's semantics when the scheduler starts);
+    vLLM's refusal of its own adaptive verification (the probe: vLLM decides per method and model runner) is a
+    NotImplementedError with the fix.
 
     An unreachable engine still waiting for the garbage collector is shut down first: vLLM's shutdown destroys the
     process-global parallel groups, and run after this engine's start it would take this engine's groups with it
@@ -282,7 +284,16 @@ def _build_llm(vllm, kwargs: dict, spec: dict | None):
     gc.collect()
     try:
         return vllm.LLM(**kwargs)
-    except pydantic.ValidationError as e:
-        reasons = "; ".join(error["msg"] for error in e.errors())
+    except ValueError as e:  # pydantic's ValidationError is one
+        reasons = "; ".join(error["msg"] for error in e.errors()) if isinstance(e, pydantic.ValidationError) else str(e)
+        if (spec or {}).get("enable_adaptive_verification") and "adaptive" in reasons.lower():
+            raise NotImplementedError(
+                f"enable_adaptive_verification=True with method={spec['method']!r}: vLLM {vllm.__version__} does not "
+                f"run its adaptive verification here ({reasons}); set it to false (K then follows "
+                "num_speculative_tokens_per_batch_size), or use method 'history' (this project's drafter, adaptive "
+                "on vLLM through its proposer) or the embedded engine (backend=\"embedded\"), which runs it for "
+                "every drafter") from None
+        if not isinstance(e, pydantic.ValidationError):
+            raise
         raise ValueError(f"vLLM {vllm.__version__} rejected the engine config: {reasons} (speculative_config sent "
                          f"to vLLM: {spec}; fix the key named there)") from None

@@ -3,11 +3,11 @@
     python -m rollout serve --model FOLDER --speculative-config JSON --port 8000 --max-model-len 512 [vLLM flags]
 
 It takes vLLM's own flag names and passes every flag through; `--model default` is the shipped pair's target, with
-the shipped draft and default schedule unless --speculative-config is given (as `python -m rollout generate`). A
+`rollout.default_speculative_config("vllm")` unless --speculative-config is given (as `python -m rollout generate`). A
 config of this project's drafters (`method: "history"` or a `custom_class` to the project's protocol) becomes vLLM's
 custom_class hook on rollout.vllm_backend.proposer.RolloutProposer, with the config in --additional-config; the
-server's worker imports it, so this package must be installed where the server runs (vLLM's start-up error names
-the module otherwise).
+server's worker imports it, so this package must be installed where the server runs: the launcher imports that
+class (and a custom_class drafter's) before the server starts and fails naming the module path it cannot import.
 
 It adds what the client (rollout/server_backend.py) relies on, unless the flag is given: `--logprobs-mode
 processed_logprobs`, `--per-request-spec-decode-metrics detailed`, `--generation-config vllm`,
@@ -32,8 +32,10 @@ import torch
 
 from rollout.loading import default_max_model_len
 from rollout.vllm_backend.engine_args import WORKER_EXTENSION, cpu_thread_binding, kv_cache_bytes, speculative_config
+from rollout.vllm_common import PROPOSER_CLASS
 from spec import SpecConfig
 from spec.config import PROTOCOL_METHODS
+from spec.proposers.custom import load_class
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 VLLM_DEFAULT_MAX_NUM_SEQS = 128
@@ -90,8 +92,8 @@ def main(argv: list[str]) -> int:
 
 
 def _default_pair(args: list[str], known: argparse.Namespace) -> list[str]:
-    """args with `--model default` made the shipped target's folder, plus the default speculative config (the
-    shipped draft, rollout.defaults' schedule for vLLM) unless one is given; `known` is updated to match."""
+    """args with `--model default` made the shipped target's folder, plus rollout.defaults' speculative config for
+    vLLM unless one is given; `known` is updated to match."""
     if known.model != "default":
         return args
     from rollout.default_models import default_model_paths
@@ -111,7 +113,10 @@ def _project_drafter(args: list[str], known: argparse.Namespace) -> list[str]:
     given = _json_object(known.speculative_config, "--speculative-config") if known.speculative_config else None
     if not given or given.get("method") not in PROTOCOL_METHODS:
         return args
-    spec, additional = speculative_config(SpecConfig.from_dict(given), None)
+    config = SpecConfig.from_dict(given)
+    spec, additional = speculative_config(config, None)
+    for path in (PROPOSER_CLASS, *([config.model] if config.method == "custom_class" else [])):
+        load_class(path)  # the server's worker imports these: fail here, naming the path, not in its start-up
     known.speculative_config = json.dumps(spec)
     additional = {**_json_object(known.additional_config or "{}", "--additional-config"), **additional}
     args = _without(_without(args, "--speculative-config"), "--additional-config")
