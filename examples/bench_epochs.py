@@ -41,7 +41,6 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -51,7 +50,7 @@ import torch
 
 import bench_epochs_report as report
 from bench_epochs_worker import timed_generate, vllm_arms
-from bench_rollout import ROOT, Worker, shapes
+from bench_rollout import ROOT, Worker, available_arms, shapes
 from bench_rollout_worker import embedded_configs
 from rollout import RolloutGenerator, default_model_paths, default_prompts, default_speculative_config
 from rollout.default_task import reward
@@ -114,14 +113,7 @@ def select_arms(args) -> dict[str, dict | None]:
     if "no_spec" not in names:
         print("no_spec added to the arms: the trainer trains on its rollouts and every ratio is over it", flush=True)
         names.insert(0, "no_spec")
-    if any(is_vllm(a) for a in names) and not Path(args.vllm_python).exists():
-        print(f"no vLLM interpreter at {args.vllm_python}: the vLLM arms are skipped", flush=True)
-        names = [a for a in names if not is_vllm(a)]
-    if "vllm_suffix" in names and subprocess.run([args.vllm_python, "-c", "import arctic_inference"],
-                                                 capture_output=True).returncode:
-        print(f"{args.vllm_python} cannot import arctic_inference (vLLM's method 'suffix' needs it): vllm_suffix is "
-              "skipped", flush=True)
-        names.remove("vllm_suffix")
+    names = available_arms(names, args.vllm_python)
     return {name: table[name] for name in names}
 
 

@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_speculative_config  # noqa: E402
 from rollout.default_task import reward  # noqa: E402
 
+from bench_rollout_worker import one_step_prefill  # noqa: E402
+
 
 def vllm_arms(k: int) -> dict[str, dict | None]:
     """vLLM arm -> speculative config: no speculation; the shipped draft model with the default schedule
@@ -85,12 +87,9 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     start = time.perf_counter()
-    # Every prompt's prefill in one step: vLLM's CPU build aborts seeded sampling when it chunks a prefill ("CPU
-    # Generator does not use offset": a chunked request's generator is rewound, which a CPU generator cannot do);
-    # the default task's prompts are at most 31 tokens, so 32 a row covers a whole batch.
     generator = RolloutGenerator("default", backend="vllm", speculative_config=vllm_arms(args.vllm_k)[args.arm],
                                  max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, seed=args.seed,
-                                 vllm_kwargs={"max_num_batched_tokens": max(8192, 32 * args.max_num_seqs)})
+                                 vllm_kwargs=one_step_prefill(args.max_num_seqs))
     print(json.dumps({"ready": True, "startup_s": time.perf_counter() - start}), flush=True)
     serve(generator)
 

@@ -6,8 +6,11 @@ task, for every way this project (and TRL, and vLLM) can generate it.
         --max-completion-length 32 --threads 1 --greedy-check 2 --output-dir /tmp/bench_rollout   # a smoke run
 
 Arms (`--arms`, default all): TRL's own generation (`trl_generate`: GRPOTrainer with use_vllm=False); vLLM's CPU build
-through backend="vllm" with no speculation, static K = --vllm-k and the default schedule (`vllm_no_spec`, `vllm_k4`,
-`vllm_schedule`; run with --vllm-python, skipped where that interpreter is missing); the embedded engine with no
+through backend="vllm" with no speculation, the draft model at static K = --vllm-k and with the default schedule,
+its own suffix decoding at that K, the project's history drafter through its custom_class hook at that K, and
+`rollout.default_speculative_config("vllm")` (`vllm_no_spec`, `vllm_k4`, `vllm_schedule`, `vllm_suffix_k4`,
+`vllm_history_k4`, `vllm_default`; run with --vllm-python, skipped where that interpreter, or for suffix decoding
+Arctic Inference, is missing); the embedded engine with no
 speculation, static K in {1, 2, 4, 8}, the default schedule, the schedule `python -m rollout tune` derives for this
 task on this machine (`tuned`, run first unless --tuned-config is given), adaptive verification, and schedule +
 adaptive. A shape PxG is P prompts each generated G times: the rows one process generates in one GRPO step.
@@ -41,8 +44,8 @@ from bench_rollout_worker import STATIC_KS
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = ("no_spec", *(f"k{k}" for k in STATIC_KS), "schedule", "tuned", "adaptive", "schedule_adaptive")
-VLLM = ("vllm_no_spec", "vllm_k{k}", "vllm_schedule")
-ADAPTIVE = ("adaptive", "schedule_adaptive")
+VLLM = ("vllm_no_spec", "vllm_k{k}", "vllm_schedule", "vllm_suffix_k{k}", "vllm_history_k{k}", "vllm_default")
+ADAPTIVE = ("adaptive", "schedule_adaptive", "vllm_default")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "gets max(repeats, repeats x the largest shape's rows / R / 2)")
     p.add_argument("--warmup", type=int, default=3, help="untimed batches per shape for the adaptive arms")
     p.add_argument("--arms", default=",".join(("trl_generate", *VLLM, *EMBEDDED)))
-    p.add_argument("--vllm-k", type=int, default=4, help="K of the vLLM static arm")
+    p.add_argument("--vllm-k", type=int, default=4, help="K of the vLLM static arms")
     p.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     p.add_argument("--tuned-config", default=None, help="a `rollout tune` JSON; default: tuned here first")
     p.add_argument("--max-completion-length", type=int, default=320)
@@ -94,6 +97,20 @@ class Worker:
     def close(self) -> None:
         self.process.stdin.close()
         self.process.wait(timeout=60)
+
+
+def available_arms(arms: list[str], vllm_python: str) -> list[str]:
+    """arms without the vLLM ones that cannot run, each with a message: all of them without the vLLM interpreter,
+    vLLM's suffix decoding (`vllm_suffix*`) where it cannot import arctic_inference."""
+    if any(a.startswith("vllm_") for a in arms) and not Path(vllm_python).exists():
+        print(f"no vLLM interpreter at {vllm_python}: the vLLM arms are skipped", flush=True)
+        return [a for a in arms if not a.startswith("vllm_")]
+    suffix = [a for a in arms if a.startswith("vllm_suffix")]
+    if suffix and subprocess.run([vllm_python, "-c", "import arctic_inference"], capture_output=True).returncode:
+        print(f"{vllm_python} cannot import arctic_inference (vLLM's method 'suffix' needs it): {suffix} skipped",
+              flush=True)
+        return [a for a in arms if a not in suffix]
+    return arms
 
 
 def worker_command(arms: list[str], python: str, args) -> list[str]:
@@ -164,9 +181,7 @@ def main(argv=None) -> dict:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     arms = [a.replace("{k}", str(args.vllm_k)) for a in args.arms.split(",") if a]
-    if any(a.startswith("vllm_") for a in arms) and not Path(args.vllm_python).exists():
-        print(f"no vLLM interpreter at {args.vllm_python}: the vLLM arms are skipped", flush=True)
-        arms = [a for a in arms if not a.startswith("vllm_")]
+    arms = available_arms(arms, args.vllm_python)
     if "tuned" in arms and args.tuned_config is None:
         args.tuned_config = tune(args, output_dir)
     workers = start_workers(arms, args, output_dir)

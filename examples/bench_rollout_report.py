@@ -17,7 +17,7 @@ def summarise(runs: dict, args, greedy: dict | None) -> dict:
         arms = {arm: _arm(replies) for arm, replies in by_arm.items() if replies}
         drain = _drain(by_arm.get("no_spec", []))
         for arm, result in arms.items():
-            for base in ("no_spec", "trl_generate", "vllm_schedule"):
+            for base in ("no_spec", "trl_generate", "vllm_no_spec", "vllm_schedule"):
                 if base in arms and arm != base:
                     result[f"over_{base}"] = result["tokens_per_s"] / arms[base]["tokens_per_s"]
             if drain and (arm in STATIC or arm in ("schedule", "tuned")):

@@ -27,7 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts  # noqa: E402
+from rollout import (RolloutGenerator, SamplingParams, default_model_paths, default_prompts,  # noqa: E402
+                     default_speculative_config)
 from rollout.defaults import DEFAULT_SCHEDULE  # noqa: E402
 
 MAX_K = 8
@@ -92,7 +93,7 @@ class Arms:
         elif names[0].startswith("vllm_"):
             self.generator = RolloutGenerator("default", backend="vllm", speculative_config=vllm_config(names[0], args),
                                               max_num_seqs=args.max_rows, max_model_len=args.max_model_len,
-                                              seed=args.seed)
+                                              seed=args.seed, vllm_kwargs=one_step_prefill(args.max_rows))
         self.trainers: dict[tuple, object] = {}
         self._outputs = tempfile.mkdtemp()
 
@@ -186,12 +187,29 @@ def hf_greedy(model, tokenizer, prompt: str, max_tokens: int) -> list[int]:
 
 
 def vllm_config(arm: str, args) -> dict | None:
+    """vllm_no_spec; the draft model at static K (vllm_k<K>) or with the default schedule (vllm_schedule); vLLM's
+    suffix decoding (vllm_suffix_k<K>); the project's history drafter through vLLM's custom_class hook at static K
+    (vllm_history_k<K>, trees 12 deep as the default's); rollout.default_speculative_config("vllm") (vllm_default)."""
     draft = {"method": "draft_model", "model": default_model_paths()["draft"], "num_speculative_tokens": MAX_K}
     if arm == "vllm_no_spec":
         return None
+    if arm == "vllm_default":
+        return default_speculative_config("vllm")
     if arm == "vllm_schedule":
         return {**draft, "num_speculative_tokens_per_batch_size": DEFAULT_SCHEDULE}
+    if arm.startswith("vllm_suffix_k"):
+        return {"method": "suffix", "num_speculative_tokens": int(arm.removeprefix("vllm_suffix_k"))}
+    if arm.startswith("vllm_history_k"):
+        return {"method": "history", "num_speculative_tokens": int(arm.removeprefix("vllm_history_k")),
+                "suffix_decoding_max_tree_depth": 12}
     return {**draft, "num_speculative_tokens": int(arm.removeprefix("vllm_k"))}
+
+
+def one_step_prefill(max_num_seqs: int) -> dict:
+    """vLLM kwargs that prefill every prompt of a batch in one step: vLLM's CPU build aborts seeded sampling when it
+    chunks a prefill ("CPU Generator does not use offset": a chunked request's generator is rewound, which a CPU
+    generator cannot do); the default task's prompts are at most 31 tokens, so 32 a row covers a whole batch."""
+    return {"max_num_batched_tokens": max(8192, 32 * max_num_seqs)}
 
 
 def main(argv=None) -> None:

@@ -1,7 +1,8 @@
 """The smoke stage (`python -m pytest -m smoke`, in .ci/run): every example's documented command (README and the
 example's docstring), run as a subprocess from the repository root at tiny shapes, its outputs in a temp folder. Each
-must exit 0 and write or print what it promises. bench_vllm_tune.py runs in .ci/run's vLLM stage (skipped without
-vllm); device_check.sh needs a GPU, so it is only parsed here."""
+must exit 0 and write or print what it promises. The vLLM ones (bench_vllm_tune.py, the vLLM arms of
+bench_rollout.py and bench_epochs.py) run in .ci/run's vLLM stage (skipped without vllm); device_check.sh needs a GPU,
+so it is only parsed here."""
 
 import importlib.util
 import json
@@ -52,6 +53,16 @@ def test_bench_rollout(tmp_path):
                   "--output-dir", tmp_path])
     assert (tmp_path / "bench_rollout.png").exists()
     assert "tok/s" in stdout and json.loads((tmp_path / "bench_rollout.json").read_text())
+
+
+@require_vllm
+def test_bench_rollout_vllm(tmp_path):
+    run([sys.executable, "examples/bench_rollout.py", "--shapes", "2x2", "--repeats", "1", "--arms",
+         "no_spec,vllm_no_spec,vllm_history_k{k},vllm_default", "--max-completion-length", "32", "--threads", "1",
+         "--greedy-check", "0", "--vllm-python", sys.executable, "--output-dir", tmp_path])
+    arms = json.loads((tmp_path / "bench_rollout.json").read_text())["shapes"]["2x2"]["arms"]
+    assert list(arms) == ["no_spec", "vllm_no_spec", "vllm_history_k4", "vllm_default"]
+    assert all("over_vllm_no_spec" in arms[a] for a in ("vllm_history_k4", "vllm_default"))
 
 
 EPOCHS = ["examples/bench_epochs.py", "--shapes", "2x2", "--epochs", "2", "--num-prompts", "4",
