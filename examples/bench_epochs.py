@@ -50,17 +50,15 @@ import torch
 
 import bench_epochs_report as report
 from bench_epochs_worker import timed_generate, vllm_arms
-from bench_rollout import ROOT, Worker, available_arms, shapes
+from bench_rollout import ROOT, Worker, available_arms, check_kv_memory, shapes
 from bench_rollout_worker import embedded_configs
 from rollout import RolloutGenerator, default_model_paths, default_prompts, default_speculative_config
 from rollout.default_task import reward
 from rollout.sampling_params import mix_seed
-from rollout.vllm_backend.engine_args import kv_cache_bytes
 from trainers import WeightSync, policy_weights
 from trainers.rollout_func import plan_rollout, trainer_outputs
 
 WARMUP_SEED = 10_000  # warm-up prompts are drawn from here, far from the fixed set's seed
-VLLM_PROCESS_BYTES = 2**30  # a vLLM CPU arm's memory besides its KV cache (0.9 GiB measured with the default pair)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -129,23 +127,6 @@ def fixed_prompts(num_prompts: int, seed: int, exclude=()) -> list[str]:
     if len(distinct) < num_prompts:
         raise ValueError(f"--num-prompts={num_prompts}: the default task has too few distinct prompts; ask for fewer")
     return list(distinct)[:num_prompts]
-
-
-def check_kv_memory(vllm_configs: dict, rows: int, max_model_len: int) -> None:
-    """ValueError before any vLLM arm starts when their processes (each a KV cache sized for `rows` requests of
-    max_model_len tokens, as the backend sizes it, and VLLM_PROCESS_BYTES) exceed the memory available now: the arms
-    run side by side, and the last to start would die in vLLM's start-up."""
-    target = default_model_paths()["target"]
-    need = {a: VLLM_PROCESS_BYTES + kv_cache_bytes(target, (c or {}).get("model") if (c or {}).get("method") ==
-                                                   "draft_model" else None, rows, max_model_len, torch.float32)
-            for a, c in vllm_configs.items()}
-    with open("/proc/meminfo") as f:
-        available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    if sum(need.values()) > available:
-        gib = {a: round(n / 2**30, 1) for a, n in need.items()}
-        raise ValueError(f"--arms: the vLLM arms at {rows} rows need {sum(gib.values()):.1f} GiB "
-                         f"({gib}), {available / 2**30:.1f} GiB is available; run fewer vLLM arms per run (each "
-                         "ratio is over the same run's no_spec, so runs with vllm_no_spec in each compare)")
 
 
 class ShapeRun:

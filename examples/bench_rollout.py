@@ -39,13 +39,18 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 import bench_rollout_report as report
-from bench_rollout_worker import STATIC_KS
+from bench_rollout_worker import STATIC_KS, vllm_config
+from rollout import default_model_paths
+from rollout.vllm_backend.engine_args import kv_cache_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = ("no_spec", *(f"k{k}" for k in STATIC_KS), "schedule", "tuned", "adaptive", "schedule_adaptive")
 VLLM = ("vllm_no_spec", "vllm_k{k}", "vllm_schedule", "vllm_suffix_k{k}", "vllm_history_k{k}", "vllm_default")
 ADAPTIVE = ("adaptive", "schedule_adaptive", "vllm_default")
+VLLM_PROCESS_BYTES = 2**30  # a vLLM CPU arm's memory besides its KV cache (0.9 GiB measured with the default pair)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -111,6 +116,23 @@ def available_arms(arms: list[str], vllm_python: str) -> list[str]:
               flush=True)
         return [a for a in arms if a not in suffix]
     return arms
+
+
+def check_kv_memory(vllm_configs: dict, rows: int, max_model_len: int) -> None:
+    """ValueError before any vLLM arm starts when their processes (each a KV cache sized for `rows` requests of
+    max_model_len tokens, as the backend sizes it, and VLLM_PROCESS_BYTES) exceed the memory available now: the arms
+    run side by side, and the last to start would die in vLLM's start-up."""
+    target = default_model_paths()["target"]
+    need = {a: VLLM_PROCESS_BYTES + kv_cache_bytes(target, (c or {}).get("model") if (c or {}).get("method") ==
+                                                   "draft_model" else None, rows, max_model_len, torch.float32)
+            for a, c in vllm_configs.items()}
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    if sum(need.values()) > available:
+        gib = {a: round(n / 2**30, 1) for a, n in need.items()}
+        raise ValueError(f"--arms: the vLLM arms at {rows} rows need {sum(gib.values()):.1f} GiB "
+                         f"({gib}), {available / 2**30:.1f} GiB is available; run fewer vLLM arms per run (each "
+                         "ratio is over the same run's no_spec, so runs with vllm_no_spec in each compare)")
 
 
 def worker_command(arms: list[str], python: str, args) -> list[str]:
@@ -182,6 +204,9 @@ def main(argv=None) -> dict:
     output_dir.mkdir(parents=True, exist_ok=True)
     arms = [a.replace("{k}", str(args.vllm_k)) for a in args.arms.split(",") if a]
     arms = available_arms(arms, args.vllm_python)
+    if args.device == "cpu":  # vLLM's CPU build keeps its KV caches in host memory
+        check_kv_memory({a: vllm_config(a, args) for a in arms if a.startswith("vllm_")}, max_rows(args.shapes),
+                        64 + args.max_completion_length)
     if "tuned" in arms and args.tuned_config is None:
         args.tuned_config = tune(args, output_dir)
     workers = start_workers(arms, args, output_dir)
