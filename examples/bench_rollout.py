@@ -44,7 +44,7 @@ import torch
 import bench_rollout_report as report
 from bench_rollout_worker import STATIC_KS, vllm_config
 from rollout import default_model_paths
-from rollout.vllm_backend.engine_args import kv_cache_bytes
+from rollout.vllm_backend.engine_args import drafter_folder, kv_cache_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = ("no_spec", *(f"k{k}" for k in STATIC_KS), "schedule", "tuned", "adaptive", "schedule_adaptive")
@@ -123,8 +123,7 @@ def check_kv_memory(vllm_configs: dict, rows: int, max_model_len: int) -> None:
     max_model_len tokens, as the backend sizes it, and VLLM_PROCESS_BYTES) exceed the memory available now: the arms
     run side by side, and the last to start would die in vLLM's start-up."""
     target = default_model_paths()["target"]
-    need = {a: VLLM_PROCESS_BYTES + kv_cache_bytes(target, (c or {}).get("model") if (c or {}).get("method") ==
-                                                   "draft_model" else None, rows, max_model_len, torch.float32)
+    need = {a: VLLM_PROCESS_BYTES + kv_cache_bytes(target, drafter_folder(c), rows, max_model_len, torch.float32)
             for a, c in vllm_configs.items()}
     with open("/proc/meminfo") as f:
         available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))

@@ -58,6 +58,12 @@ def speculative_config(config: SpecConfig, draft_model) -> tuple[dict, dict]:
     return spec, {}
 
 
+def drafter_folder(spec: dict | None) -> str | None:
+    """The folder of the drafter a speculative config loads beside the target, whose KV cache counts too (None: none;
+    a custom_class's `model` is a class path, not a folder)."""
+    return None if not spec or spec.get("method") == "custom_class" else spec.get("model")
+
+
 def kv_cache_bytes(model_path: str, drafter: str | None, max_num_seqs: int, max_model_len: int,
                    dtype: torch.dtype) -> int:
     """Bytes of KV cache for max_num_seqs requests of max_model_len tokens (plus slack) in the target and the

@@ -34,8 +34,8 @@ from transformers import AutoConfig
 from rollout.loading import default_device_dtype, default_max_model_len, eos_token_ids, generation_config
 from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams, mix_seed
-from rollout.vllm_backend.engine_args import (FIXED_KWARGS, WORKER_EXTENSION, kv_cache_bytes, local_folder,
-                                              set_cpu_thread_binding, speculative_config)
+from rollout.vllm_backend.engine_args import (FIXED_KWARGS, WORKER_EXTENSION, drafter_folder, kv_cache_bytes,
+                                              local_folder, set_cpu_thread_binding, speculative_config)
 from rollout.vllm_common import (PER_POSITION, VLLMCommon, acceptance_record, difference, engine_counters,
                                  make_sample, vllm_batch)
 from spec import SpecConfig
@@ -238,8 +238,8 @@ def _engine_kwargs(vllm_kwargs: dict | None, model_path: str, spec: dict | None,
                          "they are (rollout/vllm_backend/engine_args.py); pass the former there, drop the latter")
     kwargs.setdefault("enforce_eager", not torch.cuda.is_available())
     if "kv_cache_memory_bytes" not in kwargs and "gpu_memory_utilization" not in kwargs:
-        drafter = spec.get("model") if spec and spec["method"] != "custom_class" else None  # custom_class: a class
-        kwargs["kv_cache_memory_bytes"] = kv_cache_bytes(model_path, drafter, max_num_seqs, max_model_len, dtype)
+        kwargs["kv_cache_memory_bytes"] = kv_cache_bytes(model_path, drafter_folder(spec), max_num_seqs, max_model_len,
+                                                         dtype)
     return kwargs
 
 

@@ -31,7 +31,8 @@ import sys
 import torch
 
 from rollout.loading import default_max_model_len
-from rollout.vllm_backend.engine_args import WORKER_EXTENSION, cpu_thread_binding, kv_cache_bytes, speculative_config
+from rollout.vllm_backend.engine_args import (WORKER_EXTENSION, cpu_thread_binding, drafter_folder, kv_cache_bytes,
+                                              speculative_config)
 from rollout.vllm_common import PROPOSER_CLASS
 from spec import SpecConfig
 from spec.config import PROTOCOL_METHODS
@@ -161,18 +162,12 @@ def _cpu_defaults(known: argparse.Namespace) -> list[str]:
         args += ["--max-model-len", str(max_model_len)]
     sized = known.kv_cache_memory_bytes or known.gpu_memory_utilization or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     if not sized:
-        drafter = _drafter(known.speculative_config)
+        spec = _json_object(known.speculative_config, "--speculative-config") if known.speculative_config else None
         torch_dtype = getattr(torch, "float32" if dtype == "auto" else dtype)
-        num_bytes = kv_cache_bytes(known.model, drafter, known.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS,
+        num_bytes = kv_cache_bytes(known.model, drafter_folder(spec), known.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS,
                                    max_model_len, torch_dtype)
         args += ["--kv-cache-memory-bytes", str(num_bytes)]
     return args
-
-
-def _drafter(speculative_config: str | None) -> str | None:
-    """The draft model's folder in --speculative-config (None: no drafter with a KV cache)."""
-    spec = _json_object(speculative_config, "--speculative-config") if speculative_config else {}
-    return None if spec.get("method") == "custom_class" else spec.get("model")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -60,7 +60,7 @@ class WorkerExtension:
     def save_rollout_history(self, path: str) -> bool:
         """Write the project's proposer's rollout history to `path` (rank 0 only: every rank holds the same); False
         where its drafter keeps none."""
-        history = getattr(getattr(self._rollout_proposer(), "drafter", None), "history", None)
+        history = self._rollout_history()
         if history is not None and self.rank == 0:
             history.save(path)
         return history is not None
@@ -68,11 +68,14 @@ class WorkerExtension:
     def load_rollout_history(self, path: str) -> bool:
         """Replace the project's proposer's rollout history with the one at `path` (ValueError for a file that is not
         one of this model's); False where its drafter keeps none."""
-        proposer = self._rollout_proposer()
-        history = getattr(getattr(proposer, "drafter", None), "history", None)
+        history = self._rollout_history()
         if history is not None:
-            history.load(path, vocab_size=proposer.vocab_size)
+            history.load(path, vocab_size=self._rollout_proposer().vocab_size)
         return history is not None
+
+    def _rollout_history(self):
+        """The project's proposer's rollout history (spec/proposers/history.py), None where its drafter keeps none."""
+        return getattr(getattr(self._rollout_proposer(), "drafter", None), "history", None)
 
     def _rollout_proposer(self, required: str | None = None):
         from rollout.vllm_backend.proposer import RolloutProposer
