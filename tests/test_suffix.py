@@ -53,7 +53,7 @@ def test_incremental_appends_equal_one_insert():
     whole, pieces = SuffixTree(max_depth=4), SuffixTree(max_depth=4)
     whole.add(3, [5, 6, 5, 6, 5, 7, 5])
     pieces.add(3, [5, 6])
-    pieces.append(3, 5)
+    pieces.extend(3, [5])
     pieces.extend(3, [6, 5, 7])
     pieces.extend(3, [5])
     assert _snapshot(pieces) == _snapshot(whole)
@@ -121,6 +121,18 @@ def test_match_continues_past_max_depth():
     trie.add(0, [1, 2, 3, 4, 5, 6])
     assert trie.match([1, 2], 10, 0.1) == ([3, 4, 5, 6], [1.0] * 4, 2)
     assert trie.match([9, 9], 10, 0.1) == ([], [], 0)
+
+
+def test_match_sequence_equals_match_of_its_tokens():
+    rng = random.Random(1)
+    trie = SuffixTree(max_depth=4)
+    seqs = {seq_id: [rng.randrange(3) for _ in range(rng.randrange(0, 12))] for seq_id in range(6)}
+    for seq_id, seq in seqs.items():
+        trie.add(seq_id, seq[:3])
+    for seq_id, seq in seqs.items():
+        trie.extend(seq_id, seq[3:])
+        for probe in seqs:  # every sequence's tail, whatever was appended since
+            assert trie.match_sequence(probe, 6, 0.2) == trie.match(trie.sequence(probe), 6, 0.2)
 
 
 # --- the proposer ---

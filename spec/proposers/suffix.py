@@ -137,17 +137,20 @@ class SuffixProposer:
     def _propose_one(self, request: DraftRequest, k: int) -> tuple[list[int], list[float]]:
         if k <= 0:
             return [], []
-        best = self._speculate(self._groups[request.group_id].trie, request.token_ids, k)
+        # the request is a sequence of its group trie, brought up to date by _sync: no search for its tail there
+        best = self._cap(*self._groups[request.group_id].trie.match_sequence(request.req_id, k, self.min_token_prob),
+                         k)
         if self._global_trie.num_seqs:
-            other = self._speculate(self._global_trie, request.token_ids, k)
+            other = self._cap(*self._global_trie.match(request.token_ids, k, self.min_token_prob), k)
             if sum(other[1]) > sum(best[1]):
                 best = other
         drafts, probs, match_length = best
         evidence = match_length / (match_length + MATCH_EVIDENCE)
         return drafts, [p * evidence for p in probs]
 
-    def _speculate(self, trie: SuffixTree, context: list[int], k: int) -> tuple[list[int], list[float], int]:
-        drafts, probs, match_length = trie.match(context, k, self.min_token_prob)
+    def _cap(self, drafts: list[int], probs: list[float], match_length: int,
+             k: int) -> tuple[list[int], list[float], int]:
+        """At most min(k, ceil(max_spec_factor x match_length)) drafts."""
         # the epsilon keeps float error (0.1 * 30 = 3.0000000000000004) from adding a draft
         num_allowed = min(k, math.ceil(self.max_spec_factor * match_length - 1e-9))
         return drafts[:num_allowed], probs[:num_allowed], match_length

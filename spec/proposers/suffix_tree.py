@@ -66,27 +66,27 @@ class SuffixTree:
         self.extend(seq_id, token_ids)
 
     def extend(self, seq_id: int, token_ids: Sequence[int]) -> None:
+        """Append tokens to seq_id, counting every substring (of length <= max_depth) that ends at each: O(max_depth)
+        a token. The hot path of drafting (every step extends every running request), hence the local names."""
+        seq, weight, counts, all_children = self._seqs[seq_id], self._weights[seq_id], self._counts, self._children
+        active_nodes, max_depth = self._active_nodes[seq_id], self.max_depth
         for token in token_ids:
-            self.append(seq_id, token)
-
-    def append(self, seq_id: int, token: int) -> None:
-        """Count every substring (of length <= max_depth) that ends at the new token: O(max_depth)."""
-        self._seqs[seq_id].append(token)
-        weight = self._weights[seq_id]
-        self._counts[ROOT] += weight
-        active_nodes = self._active_nodes[seq_id]
-        for i, node in enumerate(active_nodes):
-            children = self._children.get(node)
-            if children is None:
-                children = self._children[node] = {}
-            child = children.get(token)
-            if child is None:
-                child = children[token] = self._new_node()
-            self._counts[child] += weight
-            active_nodes[i] = child
-        active_nodes.insert(0, ROOT)
-        if len(active_nodes) > self.max_depth:
-            active_nodes.pop()  # a node at depth max_depth gets no children
+            seq.append(token)
+            extended = [ROOT]  # the nodes of the suffixes ending at token, by length
+            for node in active_nodes:
+                children = all_children.get(node)
+                if children is None:
+                    children = all_children[node] = {}
+                child = children.get(token)
+                if child is None:
+                    child = children[token] = self._new_node()
+                counts[child] += weight
+                extended.append(child)
+            if len(extended) > max_depth:
+                extended.pop()  # a node at depth max_depth gets no children
+            active_nodes = extended
+        self._active_nodes[seq_id] = active_nodes
+        counts[ROOT] += weight * len(token_ids)
 
     def remove(self, seq_id: int) -> None:
         """Uncount every substring of the sequence and delete the nodes whose count drops to 0: O(n * max_depth)."""
@@ -133,16 +133,40 @@ class SuffixTree:
         link), so speculation runs past max_depth.
         """
         node, match_length = self._longest_continued_suffix(context)
-        path = list(context[len(context) - match_length:])
+        return self._continue(node, list(context[len(context) - match_length:]), max_tokens, min_token_prob)
+
+    def match_sequence(self, seq_id: int, max_tokens: int,
+                       min_token_prob: float) -> tuple[list[int], list[float], int]:
+        """match(self.sequence(seq_id), ...) without searching: the trie keeps the nodes of the sequence's suffixes,
+        so the longest one with a child is the deepest of them that has children."""
+        active_nodes = self._active_nodes[seq_id]
+        match_length = len(active_nodes) - 1
+        while match_length and active_nodes[match_length] not in self._children:
+            match_length -= 1
+        seq = self._seqs[seq_id]
+        return self._continue(active_nodes[match_length] if match_length else None,
+                              seq[len(seq) - match_length:], max_tokens, min_token_prob)
+
+    def _continue(self, node: int | None, path: list[int], max_tokens: int,
+                  min_token_prob: float) -> tuple[list[int], list[float], int]:
+        """The drafts from node, whose substring is path (match's docstring)."""
+        match_length = len(path)
         drafts, probs = [], []
-        while len(drafts) < max_tokens and node in self._children:
-            token, prob = self._most_frequent_child(node)
+        counts, all_children = self._counts, self._children
+        while len(drafts) < max_tokens and node in all_children:
+            token, child, best, total = -1, -1, 0, 0  # the most frequent child, ties to the smallest token id
+            for t, c in all_children[node].items():
+                n = counts[c]
+                total += n
+                if n > best or (n == best and t < token):
+                    token, child, best = t, c, n
+            prob = best / total
             if prob < min_token_prob:
                 break
             drafts.append(token)
             probs.append(prob)
             path.append(token)
-            node = self._children[node][token]
+            node = child
             if len(path) == self.max_depth:
                 del path[0]
                 node = self._walk(path)
@@ -164,12 +188,6 @@ class SuffixTree:
             else:
                 hi = mid - 1
         return best_node, best_length
-
-    def _most_frequent_child(self, node: int) -> tuple[int, float]:
-        """(token, count / sum of the children's counts) of the most frequent child; node must have children."""
-        children = self._children[node]
-        token = max(children, key=lambda t: (self._counts[children[t]], -t))
-        return token, self._counts[children[token]] / sum(self._counts[c] for c in children.values())
 
     def _walk(self, token_ids: Sequence[int]) -> int | None:
         node = ROOT
