@@ -88,6 +88,16 @@ def test_remove_restores_exact_previous_state():
     assert 0 not in trie and 1 not in trie
 
 
+def test_extend_to_appends_only_a_continuation():
+    trie = SuffixTree(max_depth=3)
+    trie.add(0, [1, 2, 3])
+    assert trie.extend_to(0, [1, 2, 3, 4, 5]) and trie.sequence(0) == [1, 2, 3, 4, 5]
+    before = _snapshot(trie)
+    assert not trie.extend_to(0, [1, 2, 3, 9, 5, 6])  # its last tokens differ: a rewrite, not a continuation
+    assert not trie.extend_to(0, [1, 2, 3])  # shorter
+    assert _snapshot(trie) == before and trie.sequence(0) == [1, 2, 3, 4, 5]
+
+
 def test_add_twice_raises():
     trie = SuffixTree(max_depth=3)
     trie.add(0, [1])

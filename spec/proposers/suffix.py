@@ -127,12 +127,10 @@ class SuffixProposer:
         """Insert the tokens of request.token_ids that its sequence in trie does not have yet."""
         if request.req_id not in trie:
             trie.add(request.req_id)
-        inserted = trie.sequence(request.req_id)
-        if list(request.token_ids[:len(inserted)]) != inserted:
-            raise ValueError(f"request {request.req_id}: token_ids no longer start with the {len(inserted)} tokens "
-                             "seen at earlier calls; pass committed tokens only (they may only grow), and give a "
-                             "new request a new req_id")
-        trie.extend(request.req_id, request.token_ids[len(inserted):])
+        if not trie.extend_to(request.req_id, request.token_ids):
+            raise ValueError(f"request {request.req_id}: token_ids no longer start with the tokens seen at earlier "
+                             "calls; pass committed tokens only (they may only grow), and give a new request a new "
+                             "req_id")
 
     def _propose_one(self, request: DraftRequest, k: int) -> tuple[list[int], list[float]]:
         if k <= 0:
