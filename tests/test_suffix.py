@@ -133,6 +133,46 @@ def test_match_continues_past_max_depth():
     assert trie.match([9, 9], 10, 0.1) == ([], [], 0)
 
 
+def _brute_force_match(seqs, context, max_depth, max_tokens, min_token_prob):
+    """match() from substring counts alone (suffix_tree.py's contract, without a trie)."""
+    counts = _substring_counts(seqs, max_depth)
+
+    def children(path):
+        return {s[-1]: n for s, n in counts.items() if len(s) == len(path) + 1 and s[:-1] == path}
+
+    lengths = [n for n in range(1, min(max_depth - 1, len(context)) + 1) if children(tuple(context[len(context) - n:]))]
+    match_length = max(lengths, default=0)
+    path, drafts, probs = tuple(context[len(context) - match_length:]) if match_length else (), [], []
+    while match_length and len(drafts) < max_tokens and children(path):
+        following = children(path)
+        token = min(following, key=lambda t: (-following[t], t))
+        if following[token] / sum(following.values()) < min_token_prob:
+            break
+        drafts.append(token)
+        probs.append(following[token] / sum(following.values()))
+        path = (path + (token,))[-(max_depth - 1):] if len(path) + 1 == max_depth else path + (token,)
+    return drafts, probs, match_length
+
+
+def test_match_equals_brute_force_on_random_sequences():
+    rng = random.Random(2)
+    for _ in range(40):
+        max_depth, vocab = rng.randrange(2, 6), rng.randrange(1, 4)
+        trie, seqs = SuffixTree(max_depth), {}
+        for seq_id in range(rng.randrange(1, 8)):
+            seqs[seq_id] = [rng.randrange(vocab) for _ in range(rng.randrange(0, 15))]
+            trie.add(seq_id, seqs[seq_id])
+        for seq_id in rng.sample(sorted(seqs), len(seqs) // 3):
+            trie.remove(seq_id)
+            del seqs[seq_id]
+        for _ in range(5):
+            context = [rng.randrange(vocab) for _ in range(rng.randrange(0, 10))]
+            k, min_prob = rng.randrange(0, 7), rng.choice([0.0, 0.3, 0.6])
+            drafts, probs, length = trie.match(context, k, min_prob)
+            assert (drafts, pytest.approx(probs), length) == _brute_force_match(seqs.values(), context, max_depth, k,
+                                                                                min_prob)
+
+
 def test_match_sequence_equals_match_of_its_tokens():
     rng = random.Random(1)
     trie = SuffixTree(max_depth=4)
