@@ -4,15 +4,18 @@ and what the step cost, only at the next call. `ObservedPolicy` chooses per requ
 to return, from their calibrated survival and the step costs it learns from the time between calls.
 
 Cost. vLLM verifies every row's tokens flattened into one forward (no padding to the widest row), so a step costs
-a + b x T seconds, T the tokens it verifies (one a row plus the drafts). a and b are fitted per batch size (by powers
-of 2) by least squares over that size's steps, older steps fading by _MEMORY a step, b held >= 0. Until a size has a
-fit (steps at _MIN_SPREAD or more distinct token counts), the nearest fitted size's serves; with none, drafts are
-returned up to a depth that steps through K, K - 1, .., K - _MIN_SPREAD + 1 (otherwise a drafter that always fills K
-would verify the same token count every step, and no cost per token could be fitted).
+a + c x R + b x D seconds for R rows verifying D drafts: c is what a row costs whatever it verifies (its token, and
+vLLM's per-request scheduling, sampling and output handling), b what one more draft costs. Fitting one slope per
+token instead (a + b x (R + D)) let b absorb the per-row cost, since steps with more rows verify more drafts too, and
+priced drafts at several times their cost. a, c and b are fitted per batch size (by powers of 2) by least squares
+over that size's steps, older steps fading by _MEMORY a step, b held >= 0. Until a size has a fit (steps at
+_MIN_SPREAD or more distinct draft counts), the nearest fitted size's serves; with none, drafts are returned up to a
+depth that steps through K, K - 1, .., K - _MIN_SPREAD + 1 (otherwise a drafter that always fills K would verify
+the same draft count every step, and no cost per draft could be fitted).
 
 Allocation. S(r, k), the running product of request r's calibrated confidences (ConfidenceCalibrator), ranks the
 drafts; choose_budget (budget.py) returns the prefix lengths that maximise expected tokens per second, with cost
-a + b x T and the drafter's own time this step as the draft cost.
+a + c x R + b x D and the drafter's own time this step as the draft cost.
 
 Outcomes. A request given L drafts that is back at the next call with s new tokens accepted s - 1 of them: drafts
 0 .. s - 2 accepted, draft s - 1 (when < L) rejected, the rest unjudged. Requests that finished in between are not
@@ -34,31 +37,34 @@ from spec.adaptive.budget import choose_budget
 from spec.adaptive.calibration import ConfidenceCalibrator
 
 _MEMORY = 0.95  # per fitted step, the weight of a size's earlier steps: the fit follows its last ~20
-_MIN_SPREAD = 4  # distinct token counts a size's steps must span before its fit is used
+_MIN_SPREAD = 4  # distinct draft counts a size's steps must span before its fit is used
 _EXPLORE_STEPS = 32
 
 
-class _LinearFit:
-    """seconds = a + b x tokens, by exponentially weighted least squares."""
+class _StepFit:
+    """seconds = a + c x rows + b x drafts, by exponentially weighted least squares."""
 
     def __init__(self):
-        self.sums = np.zeros(5)  # weight, w T, w T^2, w t, w T t
-        self.token_counts: set[int] = set()
+        self.moments = np.zeros((3, 3))  # sum of w x x^T, x = (1, rows, drafts)
+        self.targets = np.zeros(3)  # sum of w x seconds
+        self.draft_counts: set[int] = set()
 
-    def add(self, tokens: int, seconds: float) -> None:
-        self.sums = _MEMORY * self.sums + np.array([1.0, tokens, tokens * tokens, seconds, tokens * seconds])
-        if len(self.token_counts) < _MIN_SPREAD:
-            self.token_counts.add(tokens)
+    def add(self, rows: int, drafts: int, seconds: float) -> None:
+        x = np.array([1.0, rows, drafts])
+        self.moments = _MEMORY * self.moments + np.outer(x, x)
+        self.targets = _MEMORY * self.targets + x * seconds
+        if len(self.draft_counts) < _MIN_SPREAD:
+            self.draft_counts.add(drafts)
 
     @property
     def is_ready(self) -> bool:
-        return len(self.token_counts) >= _MIN_SPREAD
+        return len(self.draft_counts) >= _MIN_SPREAD
 
-    def coefficients(self) -> tuple[float, float]:
-        w, wt, wtt, ws, wts = self.sums
-        variance = wtt / w - (wt / w) ** 2
-        slope = max((wts / w - wt / w * ws / w) / variance, 0.0) if variance > 0 else 0.0
-        return max(ws / w - slope * wt / w, 0.0), slope
+    def costs(self, rows: int) -> tuple[float, float]:
+        """(seconds of a step of `rows` rows without drafts, seconds a draft). Minimum-norm least squares: where
+        a size's steps all had the same rows, a and c are not separable, and only a + c x rows is used."""
+        a, c, b = np.linalg.lstsq(self.moments, self.targets, rcond=None)[0]
+        return max(a + c * rows, 1e-6), max(b, 0.0)  # a step costs something: rates stay finite
 
 
 class ObservedPolicy:
@@ -66,7 +72,7 @@ class ObservedPolicy:
 
     def __init__(self, max_positions: int):
         self.calibrator = ConfidenceCalibrator(max_positions=max(max_positions, 1))
-        self._fits: dict[int, _LinearFit] = {}  # batch size's bit length -> its cost fit
+        self._fits: dict[int, _StepFit] = {}  # batch size's bit length -> its cost fit
         self._returned: dict = {}  # request -> raw confidences of the drafts returned last step
         self._steps_without_drafts = 0
         self._num_unfitted = 0  # steps chosen without a fit
@@ -75,12 +81,12 @@ class ObservedPolicy:
         """What became of last step's drafts: new_tokens[request] = tokens it gained since (a request missing has
         finished), and the seconds of the step that verified them (None where it also prefilled requests)."""
         positions, raw, accepted = [], [], []
-        num_tokens = 0
+        num_drafts = 0
         for request, confidences in self._returned.items():
             gained = new_tokens.get(request)
             if gained is None:
                 continue
-            num_tokens += 1 + len(confidences)
+            num_drafts += len(confidences)
             judged = min(gained, len(confidences))  # accepted gained - 1, plus the first rejected if any
             positions += range(judged)
             raw += confidences[:judged]
@@ -88,7 +94,7 @@ class ObservedPolicy:
         self.calibrator.observe(np.array(positions, dtype=np.int64), np.array(raw), np.array(accepted, dtype=bool))
         num_rows = sum(request in new_tokens for request in self._returned)
         if step_seconds is not None and num_rows == len(new_tokens) and num_rows:
-            self._fits.setdefault(num_rows.bit_length(), _LinearFit()).add(num_tokens, step_seconds)
+            self._fits.setdefault(num_rows.bit_length(), _StepFit()).add(num_rows, num_drafts, step_seconds)
 
     def choose(self, requests: list, confidences: list[list[float]], draft_seconds: float) -> list[int]:
         """Drafts to return per request (a prefix of each request's), given their raw confidences."""
@@ -100,17 +106,18 @@ class ObservedPolicy:
             self._num_unfitted += 1
             lengths = [min(len(c), depth) for c in confidences]
         else:
-            a, b = fit.coefficients()
+            base, per_draft = fit.costs(len(requests))
             value = self.calibrator.value
             survival = [list(itertools.accumulate((value(j, c) for j, c in enumerate(conf)), operator.mul))
                         for conf in confidences]
-            lengths = choose_budget(survival, [1] * len(requests), draft_seconds,
-                                    lambda tokens, width, num_wide: a + b * tokens).lengths
+            num_rows = len(requests)
+            lengths = choose_budget(survival, [1] * num_rows, draft_seconds,
+                                    lambda tokens, width, num_wide: base + per_draft * (tokens - num_rows)).lengths
         self._steps_without_drafts = 0 if any(lengths) else self._steps_without_drafts + 1
         self._returned = {request: conf[:n] for request, conf, n in zip(requests, confidences, lengths)}
         return lengths
 
-    def _fit(self, num_rows: int) -> _LinearFit | None:
+    def _fit(self, num_rows: int) -> _StepFit | None:
         """The fit at this batch size's power of 2, else the nearest ready one."""
         bucket = num_rows.bit_length()
         ready = [b for b, fit in self._fits.items() if fit.is_ready]
