@@ -31,6 +31,15 @@ def test_calibration_converges_to_the_true_acceptance_probabilities():
     assert calibrator.calibration_error() < 0.5 * calibrator.calibration_error("raw")
 
 
+def test_values_are_value_at_each_position():
+    rng = np.random.default_rng(0)
+    calibrator = ConfidenceCalibrator(max_positions=3, num_bins=10)
+    calibrator.observe(rng.integers(0, 5, 400), rng.random(400), rng.random(400) < 0.6)
+    raw = [-0.1, 0.0, 0.33, 0.5, 0.999, 1.0, 1.2]  # out-of-range values clamp to the end bins, as value() does
+    assert calibrator.values(raw) == [calibrator.value(j, c) for j, c in enumerate(raw)]
+    assert len(set(calibrator.values(raw))) > 2  # the map was fitted: the check compares learned values
+
+
 def test_before_any_outcome_the_map_trusts_the_drafter():
     calibrator = ConfidenceCalibrator(max_positions=2, num_bins=10)
     raw = np.array([0.05, 0.52, 0.99])

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from spec.adaptive.observed import ObservedPolicy
+from spec.adaptive.observed import _OBSERVE_EVERY, ObservedPolicy
 
 NUM_ROWS, K = 8, 4
 BASE_S, PER_TOKEN_S = 1.0, 0.1  # a step: 1 s plus 0.1 s a verified token (8 rows verifying 1 token: 1.8 s)
@@ -69,6 +69,9 @@ def test_outcomes_are_judged_from_the_tokens_gained():
     policy = ObservedPolicy(K)
     assert policy.choose(["a", "b", "c"], [[0.5] * 3, [0.5] * 2, [0.5]], 0.0) == [3, 2, 1]
     policy.observe({"a": 2, "b": 3}, None)  # a: 1 accepted then 1 rejected (the third unjudged); b: both; c: gone
+    assert policy.calibrator.num_observations == 0  # outcomes reach the calibrator every _OBSERVE_EVERY steps
+    for _ in range(_OBSERVE_EVERY - 1):
+        policy.observe({}, None)  # every request gone: nothing more judged
     assert policy.calibrator.num_observations == 4
     rates = [policy.calibrator.acceptance_rate(j) for j in range(2)]
     # position 0: 2 accepted of 2, position 1: 1 of 2, each from a prior of 4 outcomes at the rate before it

@@ -53,6 +53,12 @@ class ConfidenceCalibrator:
         row = self._rows_list[min(position, self.max_positions - 1)]
         return row[min(max(int(raw * self.num_bins), 0), self.num_bins - 1)]
 
+    def values(self, confidences: list[float]) -> list[float]:
+        """[a(0, c_0), a(1, c_1), ...]: one request's drafts, calibrated (value() inlined: every request, every step)."""
+        rows, num_bins, last = self._rows_list, self.num_bins, self.max_positions - 1
+        return [rows[min(j, last)][min(max(int(raw * num_bins), 0), num_bins - 1)]
+                for j, raw in enumerate(confidences)]
+
     def acceptance_rate(self, position: int) -> float:
         """P(draft `position` accepted | the drafts before it accepted), before its confidence is known: the
         position's observed rate (as of its last refit), from a prior of the rate before it (1/2 for the first)."""

@@ -39,6 +39,8 @@ from spec.adaptive.calibration import ConfidenceCalibrator
 _MEMORY = 0.95  # per fitted step, the weight of a size's earlier steps: the fit follows its last ~20
 _MIN_SPREAD = 4  # distinct draft counts a size's steps must span before its fit is used
 _EXPLORE_STEPS = 32
+_OBSERVE_EVERY = 8  # steps whose outcomes reach the calibrator in one update: its numpy update costs per call about
+# as much as the rest of a 64-row step's policy, and it refits its maps only as outcomes grow by 2% anyway
 
 
 class _StepFit:
@@ -48,11 +50,13 @@ class _StepFit:
         self.moments = np.zeros((3, 3))  # sum of w x x^T, x = (1, rows, drafts)
         self.targets = np.zeros(3)  # sum of w x seconds
         self.draft_counts: set[int] = set()
+        self._solution = None  # (a, c, b), solved at the first use after an add
 
     def add(self, rows: int, drafts: int, seconds: float) -> None:
         x = np.array([1.0, rows, drafts])
         self.moments = _MEMORY * self.moments + np.outer(x, x)
         self.targets = _MEMORY * self.targets + x * seconds
+        self._solution = None
         if len(self.draft_counts) < _MIN_SPREAD:
             self.draft_counts.add(drafts)
 
@@ -63,7 +67,9 @@ class _StepFit:
     def costs(self, rows: int) -> tuple[float, float]:
         """(seconds of a step of `rows` rows without drafts, seconds a draft). Minimum-norm least squares: where
         a size's steps all had the same rows, a and c are not separable, and only a + c x rows is used."""
-        a, c, b = np.linalg.lstsq(self.moments, self.targets, rcond=None)[0]
+        if self._solution is None:
+            self._solution = np.linalg.lstsq(self.moments, self.targets, rcond=None)[0].tolist()
+        a, c, b = self._solution
         return max(a + c * rows, 1e-6), max(b, 0.0)  # a step costs something: rates stay finite
 
 
@@ -74,13 +80,15 @@ class ObservedPolicy:
         self.calibrator = ConfidenceCalibrator(max_positions=max(max_positions, 1))
         self._fits: dict[int, _StepFit] = {}  # batch size's bit length -> its cost fit
         self._returned: dict = {}  # request -> raw confidences of the drafts returned last step
+        self._judged = ([], [], [])  # positions, raw confidences, outcomes not yet handed to the calibrator
+        self._num_pending_steps = 0
         self._steps_without_drafts = 0
         self._num_unfitted = 0  # steps chosen without a fit
 
     def observe(self, new_tokens: dict, step_seconds: float | None) -> None:
         """What became of last step's drafts: new_tokens[request] = tokens it gained since (a request missing has
         finished), and the seconds of the step that verified them (None where it also prefilled requests)."""
-        positions, raw, accepted = [], [], []
+        positions, raw, accepted = self._judged
         num_drafts = 0
         for request, confidences in self._returned.items():
             gained = new_tokens.get(request)
@@ -91,7 +99,10 @@ class ObservedPolicy:
             positions += range(judged)
             raw += confidences[:judged]
             accepted += [j < gained - 1 for j in range(judged)]
-        self.calibrator.observe(np.array(positions, dtype=np.int64), np.array(raw), np.array(accepted, dtype=bool))
+        self._num_pending_steps += 1
+        if self._num_pending_steps >= _OBSERVE_EVERY:
+            self.calibrator.observe(np.array(positions, dtype=np.int64), np.array(raw), np.array(accepted, dtype=bool))
+            self._judged, self._num_pending_steps = ([], [], []), 0
         num_rows = sum(request in new_tokens for request in self._returned)
         if step_seconds is not None and num_rows == len(new_tokens) and num_rows:
             self._fits.setdefault(num_rows.bit_length(), _StepFit()).add(num_rows, num_drafts, step_seconds)
@@ -107,9 +118,8 @@ class ObservedPolicy:
             lengths = [min(len(c), depth) for c in confidences]
         else:
             base, per_draft = fit.costs(len(requests))
-            value = self.calibrator.value
-            survival = [list(itertools.accumulate((value(j, c) for j, c in enumerate(conf)), operator.mul))
-                        for conf in confidences]
+            values = self.calibrator.values
+            survival = [list(itertools.accumulate(values(conf), operator.mul)) for conf in confidences]
             num_rows = len(requests)
             lengths = choose_budget(survival, [1] * num_rows, draft_seconds,
                                     lambda tokens, width, num_wide: base + per_draft * (tokens - num_rows)).lengths

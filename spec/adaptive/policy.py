@@ -190,11 +190,8 @@ class AdaptivePolicy:
         """Per row, S(r, k) for k = 1 .. len(confidences[r]): the running products of its drafts' calibrated values,
         each scaled by the request's factor."""
         factors = [self._factor(req_id) for req_id in req_ids]
-        return [list(itertools.accumulate((value * factor for value in self._calibrated(conf)), operator.mul))
+        return [list(itertools.accumulate((value * factor for value in self.calibrator.values(conf)), operator.mul))
                 for factor, conf in zip(factors, confidences)]
-
-    def _calibrated(self, confidences: list[float]) -> list[float]:
-        return [self.calibrator.value(position, raw) for position, raw in enumerate(confidences)]
 
     def _judge(self, req_ids: list[int], confidences: list[list[float]], num_accepted: list[int]) -> None:
         """Verified drafts and how many of each row's were accepted; drafts after a rejection are unjudged."""
@@ -207,7 +204,7 @@ class AdaptivePolicy:
             accepted.extend([True] * num_accepted[row] + [False] * (count - num_accepted[row]))  # 0 or 1 False
         for row, count in zip(rows, judged):
             accepted_before, predicted_before = self._faded(req_ids[row])
-            predicted = sum(self._calibrated(confidences[row][:count]))
+            predicted = sum(self.calibrator.values(confidences[row][:count]))
             self._requests[req_ids[row]] = [accepted_before + num_accepted[row], predicted_before + predicted,
                                             self._step]
         if len(positions) >= max(_OBSERVE_BATCH, self.calibrator.num_observations // 16):
