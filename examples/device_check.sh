@@ -26,6 +26,9 @@ if [ -n "${1:-}" ]; then  # wheels that the machine lacks, installed without tou
   $PYTHON -m pip install -q --no-deps --no-index "$1"/*.whl 2>&1 | tail -3
 fi
 
+# the compiled suffix trie (spec/proposers/_suffix_tree.c), built in place as `pip install -e .` builds it
+$PYTHON setup.py -q build_ext --inplace 2>&1 | tail -3
+
 $PYTHON -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -15 | tee "$OUT/test_cuda.txt"
 
 $PYTHON examples/bench_rollout.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --threads 4 \
