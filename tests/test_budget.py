@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from spec.adaptive.budget import choose_budget
+from spec.adaptive.budget import choose_budget, every_draft_pays
 
 
 def _random_case(rng: np.random.Generator):
@@ -98,3 +98,18 @@ def test_each_candidate_is_priced_at_its_widest_row_and_wide_rows():
     choose_budget(survival, [1, 1], 0.0, lambda tokens, width, wide: seen.append((tokens, width, wide)) or 1.0)
     # b = 0 .. 3 (0.9, 0.8 of the first row, then 0.7 of the second), then the threshold's two reads
     assert seen[:4] == [(2, 1, 0), (3, 2, 1), (4, 3, 1), (5, 3, 2)]
+
+
+def test_every_draft_pays_iff_the_linear_allocation_admits_them_all():
+    rng = np.random.default_rng(3)
+    outcomes = set()
+    for _ in range(500):
+        num_rows = int(rng.integers(1, 9))
+        survival = [np.cumprod(rng.uniform(0.3, 1.0, int(rng.integers(0, 5)))).tolist() for _ in range(num_rows)]
+        fixed, per_draft = float(rng.uniform(0.01, 1.0)), float(rng.uniform(0.0, 0.3))
+        budget = choose_budget(survival, [1] * num_rows, 0.0,
+                               lambda tokens, width, num_wide: fixed + per_draft * (tokens - num_rows))
+        admits_all = budget.lengths == [len(values) for values in survival]
+        assert every_draft_pays(survival, fixed, per_draft) == admits_all
+        outcomes.add(admits_all)
+    assert outcomes == {True, False}  # both sides of the rule were exercised

@@ -33,7 +33,7 @@ import operator
 
 import numpy as np
 
-from spec.adaptive.budget import choose_budget
+from spec.adaptive.budget import choose_budget, every_draft_pays
 from spec.adaptive.calibration import ConfidenceCalibrator
 
 _MEMORY = 0.95  # per fitted step, the weight of a size's earlier steps: the fit follows its last ~20
@@ -121,8 +121,11 @@ class ObservedPolicy:
             values = self.calibrator.values
             survival = [list(itertools.accumulate(values(conf), operator.mul)) for conf in confidences]
             num_rows = len(requests)
-            lengths = choose_budget(survival, [1] * num_rows, draft_seconds,
-                                    lambda tokens, width, num_wide: base + per_draft * (tokens - num_rows)).lengths
+            if every_draft_pays(survival, draft_seconds + base, per_draft):  # the common case, without a sort
+                lengths = [len(conf) for conf in confidences]
+            else:
+                lengths = choose_budget(survival, [1] * num_rows, draft_seconds,
+                                        lambda tokens, width, num_wide: base + per_draft * (tokens - num_rows)).lengths
         self._steps_without_drafts = 0 if any(lengths) else self._steps_without_drafts + 1
         self._returned = {request: conf[:n] for request, conf, n in zip(requests, confidences, lengths)}
         return lengths
