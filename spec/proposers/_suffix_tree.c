@@ -199,20 +199,23 @@ static PyObject *Trie_add(Trie *t, PyObject *args, PyObject *kwds) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Trie_extend(Trie *t, PyObject *args, PyObject *kwds) {
+/* The (seq_id, token_ids) arguments of extend and extend_to: the sequence, *token_ids set; NULL with an error set. */
+static Seq *seq_and_tokens(Trie *t, PyObject *args, PyObject *kwds, PyObject **token_ids) {
     static char *kwlist[] = {"seq_id", "token_ids", NULL};
-    PyObject *seq_id, *token_ids;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kwlist, &seq_id, &token_ids)) return NULL;
-    Seq *seq = get_seq(t, seq_id);
-    if (seq == NULL || extend_with(t, seq, token_ids) < 0) return NULL;
-    Py_RETURN_NONE;
+    PyObject *seq_id;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kwlist, &seq_id, token_ids)) return NULL;
+    return get_seq(t, seq_id);
+}
+
+static PyObject *Trie_extend(Trie *t, PyObject *args, PyObject *kwds) {
+    PyObject *token_ids;
+    Seq *seq = seq_and_tokens(t, args, kwds, &token_ids);
+    return seq == NULL || extend_with(t, seq, token_ids) < 0 ? NULL : Py_NewRef(Py_None);
 }
 
 static PyObject *Trie_extend_to(Trie *t, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"seq_id", "token_ids", NULL};
-    PyObject *seq_id, *token_ids;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kwlist, &seq_id, &token_ids)) return NULL;
-    Seq *seq = get_seq(t, seq_id);
+    PyObject *token_ids;
+    Seq *seq = seq_and_tokens(t, args, kwds, &token_ids);
     if (seq == NULL) return NULL;
     PyObject *fast = PySequence_Fast(token_ids, "token_ids must be a sequence of ints");
     if (fast == NULL) return NULL;
@@ -225,8 +228,7 @@ static PyObject *Trie_extend_to(Trie *t, PyObject *args, PyObject *kwds) {
     }
     if (result > 0 && extend_seq(t, seq, items + seq->len, n - seq->len) < 0) result = -1;
     Py_DECREF(fast);
-    if (result < 0) return NULL;
-    return PyBool_FromLong(result);
+    return result < 0 ? NULL : PyBool_FromLong(result);
 }
 
 static PyObject *Trie_remove(Trie *t, PyObject *seq_id) {
