@@ -40,6 +40,19 @@ def test_values_are_value_at_each_position():
     assert len(set(calibrator.values(raw))) > 2  # the map was fitted: the check compares learned values
 
 
+def test_added_drafts_are_observed_at_flush_as_one_update():
+    rng = np.random.default_rng(1)
+    positions, raw, accepted = rng.integers(0, 4, 300), rng.random(300), rng.random(300) < 0.5
+    direct, buffered = ConfidenceCalibrator(max_positions=3), ConfidenceCalibrator(max_positions=3)
+    direct.observe(positions, raw, accepted)
+    for part in np.array_split(np.arange(300), 7):  # added a step at a time
+        buffered.add(positions[part].tolist(), raw[part].tolist(), accepted[part].tolist())
+    assert buffered.num_pending == 300 and buffered.num_observations == 0
+    buffered.flush()
+    assert buffered.num_pending == 0 and buffered.num_observations == 300
+    assert np.array_equal(buffered.table, direct.table)
+
+
 def test_before_any_outcome_the_map_trusts_the_drafter():
     calibrator = ConfidenceCalibrator(max_positions=2, num_bins=10)
     raw = np.array([0.05, 0.52, 0.99])

@@ -80,15 +80,13 @@ class ObservedPolicy:
         self.calibrator = ConfidenceCalibrator(max_positions=max(max_positions, 1))
         self._fits: dict[int, _StepFit] = {}  # batch size's bit length -> its cost fit
         self._returned: dict = {}  # request -> raw confidences of the drafts returned last step
-        self._judged = ([], [], [])  # positions, raw confidences, outcomes not yet handed to the calibrator
-        self._num_pending_steps = 0
+        self._num_pending_steps = 0  # steps whose outcomes the calibrator holds, not yet observed
         self._steps_without_drafts = 0
         self._num_unfitted = 0  # steps chosen without a fit
 
     def observe(self, new_tokens: dict, step_seconds: float | None) -> None:
         """What became of last step's drafts: new_tokens[request] = tokens it gained since (a request missing has
         finished), and the seconds of the step that verified them (None where it also prefilled requests)."""
-        positions, raw, accepted = self._judged
         num_drafts = 0
         for request, confidences in self._returned.items():
             gained = new_tokens.get(request)
@@ -96,13 +94,11 @@ class ObservedPolicy:
                 continue
             num_drafts += len(confidences)
             judged = min(gained, len(confidences))  # accepted gained - 1, plus the first rejected if any
-            positions += range(judged)
-            raw += confidences[:judged]
-            accepted += [j < gained - 1 for j in range(judged)]
+            self.calibrator.add(range(judged), confidences[:judged], [j < gained - 1 for j in range(judged)])
         self._num_pending_steps += 1
         if self._num_pending_steps >= _OBSERVE_EVERY:
-            self.calibrator.observe(np.array(positions, dtype=np.int64), np.array(raw), np.array(accepted, dtype=bool))
-            self._judged, self._num_pending_steps = ([], [], []), 0
+            self.calibrator.flush()
+            self._num_pending_steps = 0
         num_rows = sum(request in new_tokens for request in self._returned)
         if step_seconds is not None and num_rows == len(new_tokens) and num_rows:
             self._fits.setdefault(num_rows.bit_length(), _StepFit()).add(num_rows, num_drafts, step_seconds)
@@ -117,10 +113,10 @@ class ObservedPolicy:
             self._num_unfitted += 1
             lengths = [min(len(c), depth) for c in confidences]
         else:
-            base, per_draft = fit.costs(len(requests))
+            num_rows = len(requests)
+            base, per_draft = fit.costs(num_rows)
             values = self.calibrator.values
             survival = [list(itertools.accumulate(values(conf), operator.mul)) for conf in confidences]
-            num_rows = len(requests)
             if every_draft_pays(survival, draft_seconds + base, per_draft):  # the common case, without a sort
                 lengths = [len(conf) for conf in confidences]
             else:

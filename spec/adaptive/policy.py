@@ -31,8 +31,6 @@ whatever drafts are offered, so choosing them from the drafts' confidences costs
 import itertools
 import operator
 
-import numpy as np
-
 from spec.adaptive.budget import choose_budget
 from spec.adaptive.calibration import ConfidenceCalibrator
 from spec.adaptive.step_cost import StepCostModel
@@ -63,7 +61,6 @@ class AdaptivePolicy:
         self._by_batch_size: dict[int, tuple[float, float]] = {}  # log2 batch size -> (rate, threshold) there
         self._shape = None  # this step's VerifyShape
         self._num_drafting = 0  # rows given a first draft this step
-        self._judged: tuple[list[int], list[float], list[bool]] = ([], [], [])  # not yet handed to the calibrator
         self._requests: dict[int, list[float]] = {}  # request -> [drafts accepted, calibrated predictions, the step
         # they were last updated at]; fading is applied when they are next read
         self._step = 0  # steps observed
@@ -107,7 +104,7 @@ class AdaptivePolicy:
             self._refine(step, verified, outcome.verify_seconds)
 
     def stats(self) -> dict:
-        self._calibrate()
+        self.calibrator.flush()
         return {"calibration_error": self.calibrator.calibration_error(),
                 "raw_calibration_error": self.calibrator.calibration_error("raw"),
                 "num_calibration_observations": self.calibrator.num_observations}
@@ -195,20 +192,18 @@ class AdaptivePolicy:
 
     def _judge(self, req_ids: list[int], confidences: list[list[float]], num_accepted: list[int]) -> None:
         """Verified drafts and how many of each row's were accepted; drafts after a rejection are unjudged."""
-        positions, raw, accepted = self._judged
         rows = [row for row, conf in enumerate(confidences) if conf]
         judged = [min(num_accepted[row] + 1, len(confidences[row])) for row in rows]
         for row, count in zip(rows, judged):
-            positions.extend(range(count))
-            raw.extend(confidences[row][:count])
-            accepted.extend([True] * num_accepted[row] + [False] * (count - num_accepted[row]))  # 0 or 1 False
+            self.calibrator.add(range(count), confidences[row][:count],
+                                [True] * num_accepted[row] + [False] * (count - num_accepted[row]))  # 0 or 1 False
         for row, count in zip(rows, judged):
             accepted_before, predicted_before = self._faded(req_ids[row])
             predicted = sum(self.calibrator.values(confidences[row][:count]))
             self._requests[req_ids[row]] = [accepted_before + num_accepted[row], predicted_before + predicted,
                                             self._step]
-        if len(positions) >= max(_OBSERVE_BATCH, self.calibrator.num_observations // 16):
-            self._calibrate()
+        if self.calibrator.num_pending >= max(_OBSERVE_BATCH, self.calibrator.num_observations // 16):
+            self.calibrator.flush()
 
     def _refine(self, step: StepInfo, verified: Proposal, verify_seconds: float) -> None:
         """The step's measured verification and draft forwards teach the cost model. A step that prefills a prompt
@@ -238,8 +233,3 @@ class AdaptivePolicy:
         fade = _REQUEST_MEMORY ** (self._step - record[2])
         return fade * record[0], fade * record[1]
 
-    def _calibrate(self) -> None:
-        positions, raw, accepted = self._judged
-        self.calibrator.observe(np.array(positions, dtype=np.int64), np.array(raw, dtype=np.float64),
-                                np.array(accepted, dtype=bool))
-        self._judged = ([], [], [])
