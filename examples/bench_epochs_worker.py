@@ -22,23 +22,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_speculative_config  # noqa: E402
+from rollout import RolloutGenerator, SamplingParams  # noqa: E402
 from rollout.default_task import reward  # noqa: E402
 
-from bench_rollout_worker import one_step_prefill  # noqa: E402
+from bench_rollout_worker import one_step_prefill, vllm_config  # noqa: E402
 
 
 def vllm_arms(k: int) -> dict[str, dict | None]:
-    """vLLM arm -> speculative config: no speculation; the shipped draft model with the default schedule
-    (`vllm_draft_schedule`); vLLM's own suffix decoding (Arctic Inference) at K = k; the project's history drafter
-    through vLLM's custom_class hook at static K = k (`vllm_history`, trees 12 deep as the default's); and
+    """vLLM arm -> speculative config, from bench_rollout_worker.vllm_config: no speculation; the shipped draft model
+    with the default schedule (`vllm_draft_schedule`); vLLM's own suffix decoding (Arctic Inference) at K = k; the
+    project's history drafter through vLLM's custom_class hook at static K = k (`vllm_history`); and
     rollout.default_speculative_config("vllm") (`vllm_default`: today that drafter at K = 4 with adaptive
     verification)."""
-    return {"vllm_no_spec": None,
-            "vllm_draft_schedule": default_speculative_config("vllm", draft_model=default_model_paths()["draft"]),
-            "vllm_suffix": {"method": "suffix", "num_speculative_tokens": k},
-            "vllm_history": {"method": "history", "num_speculative_tokens": k, "suffix_decoding_max_tree_depth": 12},
-            "vllm_default": default_speculative_config("vllm")}
+    names = {"vllm_no_spec": "vllm_no_spec", "vllm_draft_schedule": "vllm_schedule", "vllm_suffix": f"vllm_suffix_k{k}",
+             "vllm_history": f"vllm_history_k{k}", "vllm_default": "vllm_default"}
+    return {arm: vllm_config(name) for arm, name in names.items()}
 
 
 def record(batch, seconds: float, prompts: list[str]) -> dict:

@@ -204,7 +204,7 @@ def main(argv=None) -> dict:
     arms = [a.replace("{k}", str(args.vllm_k)) for a in args.arms.split(",") if a]
     arms = available_arms(arms, args.vllm_python)
     if args.device == "cpu":  # vLLM's CPU build keeps its KV caches in host memory
-        check_kv_memory({a: vllm_config(a, args) for a in arms if a.startswith("vllm_")}, max_rows(args.shapes),
+        check_kv_memory({a: vllm_config(a) for a in arms if a.startswith("vllm_")}, max_rows(args.shapes),
                         64 + args.max_completion_length)
     if "tuned" in arms and args.tuned_config is None:
         args.tuned_config = tune(args, output_dir)

@@ -91,7 +91,7 @@ class Arms:
         if self.embedded:
             self._build_embedded()
         elif names[0].startswith("vllm_"):
-            self.generator = RolloutGenerator("default", backend="vllm", speculative_config=vllm_config(names[0], args),
+            self.generator = RolloutGenerator("default", backend="vllm", speculative_config=vllm_config(names[0]),
                                               max_num_seqs=args.max_rows, max_model_len=args.max_model_len,
                                               seed=args.seed, vllm_kwargs=one_step_prefill(args.max_rows))
         self.trainers: dict[tuple, object] = {}
@@ -186,7 +186,7 @@ def hf_greedy(model, tokenizer, prompt: str, max_tokens: int) -> list[int]:
     return out[0, ids.shape[1]:].tolist()[:max_tokens]
 
 
-def vllm_config(arm: str, args) -> dict | None:
+def vllm_config(arm: str) -> dict | None:
     """vllm_no_spec; the draft model at static K (vllm_k<K>) or with the default schedule (vllm_schedule); vLLM's
     suffix decoding (vllm_suffix_k<K>); the project's history drafter through vLLM's custom_class hook at static K
     (vllm_history_k<K>, trees 12 deep as the default's); rollout.default_speculative_config("vllm") (vllm_default)."""
