@@ -70,8 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the rollout engine: this package's, vllm.LLM in each process, or a running vLLM server")
     p.add_argument("--base-url", default=None, help="the server's URL (--backend server)")
     p.add_argument("--weights-dir", default=None,
-                   help="--backend server: where weight syncs write checkpoints the server reads (default: a temp "
-                        "folder on this machine)")
+                   help="--backend server: where weight syncs write checkpoints the server reads, inside its "
+                        "--weights-dir (default: the server's own weights_dir); the server's key comes from "
+                        "VLLM_API_KEY")
     p.add_argument("--eval-samples", type=int, default=8, help="samples per training problem in the evaluation")
     p.add_argument("--num-eval-problems", type=int, default=64,
                    help="training problems evaluated (the first ones the run trains on)")

@@ -41,7 +41,7 @@ class RolloutGenerator:
         max_num_seqs and speculative config are read from it; `model` and `draft_model` are optional local copies
         of its folders (default: the server's own paths, when they exist on this machine), used for the tokenizer,
         EOS ids, weight checks and drafter refresh.
-    server_kwargs: ServerBackend options for backend="server" (weights_dir, request_timeout_s, reconnect_s,
+    server_kwargs: ServerBackend options for backend="server" (api_key, weights_dir, request_timeout_s, reconnect_s,
         max_concurrency; rollout/server_backend.py).
     max_drafter_faults: a drafter that raises or returns a malformed proposal costs its step's drafts, not the call
         (the tokens are the same, only slower); each call warns at its first fault, counts them

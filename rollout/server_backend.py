@@ -2,9 +2,11 @@
 RolloutBatch as the other backends. No vllm import: HTTP with the standard library (server_http.py).
 
 The server: `python -m rollout serve --model FOLDER --speculative-config JSON ...` (rollout/vllm_backend/serve.py),
-or vLLM's own server started by hand with VLLM_SERVER_DEV_MODE=1 and the flags that command prints. The client
-reads what it needs from the server: the served model, its folder and max_model_len from /v1/models; the
-speculative config, max_num_seqs, dtype and logprobs mode from /server_info (dev mode). Local copies of the folders
+or vLLM's own server started by hand with VLLM_SERVER_DEV_MODE=1 and the flags that command prints. With a key
+(`api_key`, else VLLM_API_KEY) every request carries it; the server's gate (vllm_backend/guard.py) refuses requests
+without it, RPCs other than the ones below, and paths outside its folders. The client reads what it needs from the
+server: the served model, its folder and max_model_len from /v1/models; the speculative config, max_num_seqs,
+dtype, logprobs mode and the server's folders from /server_info (dev mode). Local copies of the folders
 (`model`, `draft_model`; default: the server's paths when they exist here) give the tokenizer, EOS ids, the HF
 parameter names that weight loads are checked against, and the drafter refresh's trainable copy.
 
@@ -18,9 +20,9 @@ counters across the call, which count every client of the server. `num_steps` is
 shared by all clients).
 
 Weights (CPU and any server without a GPU weight-transfer engine): the client checks and stages the tensors
-(rollout/weights.py), writes them as one safetensors file under `weights_dir`/<server host_port>/<target|draft> (a
-folder the server can read: on another machine, a shared filesystem mounted at the same path), then asks the server to load it in place: the
-target with vLLM's own `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": ...}}`, the
+(rollout/weights.py), writes them as one safetensors file under `weights_dir`/<server host_port>/<target|draft> (in
+the server's weights_dir: on another machine, a shared filesystem mounted at the same path), then asks the server to
+load it in place: the target with vLLM's own `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": ...}}`, the
 draft with the worker extension's `reload_draft_weights` (worker.py), then `POST /reset_prefix_cache`. vLLM's
 reload_weights keeps the given path as the model's path in its worker, so a later reload without a path would read
 this folder: the client always passes one. Several trainer processes share one server (`is_shared`): only one of
@@ -44,8 +46,9 @@ from rollout.loading import eos_token_ids, generation_config, load_tokenizer
 from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams, mix_seed
 from rollout.server_http import ServerClient, ServerError
-from rollout.vllm_common import (CONFIG_KEY, PROPOSER_CLASS, VLLMCommon, acceptance_record, counters_from_records,
-                                 difference, engine_counters, make_sample, vllm_batch)
+from rollout.vllm_common import (CONFIG_KEY, PROPOSER_CLASS, SERVER_KEY, VLLMCommon, acceptance_record,
+                                 counters_from_records, difference, engine_counters, is_inside, make_sample,
+                                 vllm_batch)
 from spec import SpecConfig
 
 _SPEC_KEYS = ("method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size")
@@ -57,8 +60,10 @@ class ServerBackend(VLLMCommon):
 
     model, draft_model: local copies of the server's model folders (default: its own paths, if they exist here).
     tokenizer: used for EOS ids when no model folder is local (RolloutGenerator loads it for prompts).
-    weights_dir: where weight loads write their checkpoint; the server must read the same path (default: a new
-        folder under this machine's temp dir, right when the server runs here).
+    weights_dir: where weight loads write their checkpoint; the server must read the same path, inside the
+        server's `--weights-dir` (default: the server's weights_dir, read from it, when that path exists here).
+    api_key: the server's key (default: VLLM_API_KEY from the environment; None where it is not set either), sent
+        with every request.
     request_timeout_s: the longest wait for one answer; reconnect_s: how long a request retries a connection that
         cannot be made (server down or restarting); max_concurrency: requests in flight at most. A seeded call
         repeats its draws only where its requests batch the same way on the server (a per-batch-size schedule's K
@@ -68,13 +73,16 @@ class ServerBackend(VLLMCommon):
     is_shared = True  # several trainer processes may share the server: one of them writes weights
 
     def __init__(self, base_url: str, *, model=None, draft_model=None, tokenizer=None, weights_dir=None,
-                 request_timeout_s: float = 600.0, reconnect_s: float = 120.0, max_concurrency: int = 256):
-        self.client = ServerClient(base_url, request_timeout_s, reconnect_s)
+                 api_key: str | None = None, request_timeout_s: float = 600.0, reconnect_s: float = 120.0,
+                 max_concurrency: int = 256):
+        api_key = os.environ.get("VLLM_API_KEY") or None if api_key is None else api_key
+        self.client = ServerClient(base_url, request_timeout_s, reconnect_s, api_key)
         self.base_url = self.client.base_url
         self.max_concurrency = max_concurrency
         served = self._served_model()
         self.served_model_name, self.max_model_len = served["id"], served["max_model_len"]
-        vllm_config = self._vllm_config()
+        info = self._server_info()
+        vllm_config = info["vllm_config"]
         self.config = _spec_config(vllm_config.get("speculative_config"), vllm_config.get("additional_config"),
                                    self.client.base_url)
         self.num_spec_tokens = 0 if self.config is None else self.config.num_speculative_tokens
@@ -86,7 +94,8 @@ class ServerBackend(VLLMCommon):
         server_draft = self.config.model if self.config is not None and self.config.method == "draft_model" else None
         self.draft_path = _local_copy(draft_model, server_draft, "draft_model") if server_draft else None
         self.eos_token_ids = _eos_ids(self.model_path, tokenizer, self.client.base_url)
-        self.weights_dir = Path(weights_dir) if weights_dir else None
+        self.server_folders = info.get(SERVER_KEY) or {}  # the server's weights_dir and history_dir (guard.py)
+        self.weights_dir = _weights_dir(weights_dir, self.server_folders.get("weights_dir"), self.client.base_url)
         self._loaded: dict[str, str] = {}  # role -> the checkpoint folder it was last loaded from
         self._server_start = self._start_time(self.client.metrics())
 
@@ -153,7 +162,11 @@ class ServerBackend(VLLMCommon):
         <weights_dir>/<role>/model.safetensors (a temporary file renamed into place); (the folder written, the number
         of tensors given)."""
         staged, num_given = self.stage("target" if role == "target" else "draft model", named_tensors)
-        if self.weights_dir is None:
+        if self.weights_dir is None and self.server_folders.get("weights_dir"):
+            raise ValueError(f"the weights_dir of the server at {self.base_url}, {self.server_folders['weights_dir']}, "
+                             "is not on this machine: mount it here at the same path, or pass server_kwargs="
+                             "{'weights_dir': <a folder inside it, as mounted here>}")
+        if self.weights_dir is None:  # a server started without python -m rollout serve: no folder of its own
             self.weights_dir = Path(tempfile.mkdtemp(prefix="spec-rollouts-weights-"))
         out = self.weights_dir / urlsplit(self.base_url).netloc.replace(":", "_") / role  # a folder per server
         out.mkdir(parents=True, exist_ok=True)
@@ -210,16 +223,15 @@ class ServerBackend(VLLMCommon):
                               "needs a server with exactly one")
         return models[0]
 
-    def _vllm_config(self) -> dict:
+    def _server_info(self) -> dict:
         try:
-            info = self.client.get("/server_info?config_format=json", "the server's engine config")
+            return self.client.get("/server_info?config_format=json", "the server's engine config")
         except ServerError as e:
             if "HTTP 404" in str(e):
                 raise ServerError(f"{e}\nThe server is not in dev mode: start it with VLLM_SERVER_DEV_MODE=1 (python "
                                   "-m rollout serve sets it); the client reads the speculative config from "
                                   "/server_info and loads weights through /collective_rpc") from None
             raise
-        return info["vllm_config"]
 
     @staticmethod
     def _start_time(metrics: dict) -> float | None:
@@ -240,6 +252,19 @@ def _spec_config(spec: dict | None, additional: dict | None, base_url: str) -> S
     except ValueError as e:
         raise ValueError(f"the speculative config of the server at {base_url} ({config}) is not one this package "
                          f"reads: {e}") from None
+
+
+def _weights_dir(given, server_dir: str | None, base_url: str) -> Path | None:
+    """Where weight loads write: `given` (it must lie inside the server's weights_dir, which is all the server
+    loads from), else the server's weights_dir when it exists here, else None."""
+    if given is None:
+        return Path(server_dir) if server_dir and Path(server_dir).is_dir() else None
+    if server_dir and not is_inside(os.fspath(given), server_dir):
+        raise ValueError(f"weights_dir={str(given)!r} is not inside the weights_dir of the server at {base_url} "
+                         f"({server_dir}), the one folder it loads weights from: pass a folder inside it (on another "
+                         "machine: the same path, shared), or start the server with --weights-dir "
+                         f"{str(given)!r}")
+    return Path(given)
 
 
 def _check_logprobs_mode(mode: str, base_url: str) -> None:

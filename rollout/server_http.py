@@ -2,7 +2,8 @@
 the Prometheus counters of /metrics.
 
 Errors name the URL and the request. An HTTP error status is a ServerError at once (the server answered: retrying
-would not change its answer). A connection that cannot be made or breaks (server down, restarting, not up yet) is
+would not change its answer); a 401 says the server wants a key and how to pass one. With an API key every request
+carries `Authorization: Bearer <key>`. A connection that cannot be made or breaks (server down, restarting, not up yet) is
 retried with exponential backoff for up to `reconnect_s` seconds, then a ServerError. A request that gets no answer
 within `timeout_s` is a ServerError (the server may still be running it; it is not sent again).
 """
@@ -24,13 +25,19 @@ class ServerError(RuntimeError):
 
 class ServerClient:
     """base_url: e.g. "http://127.0.0.1:8000". timeout_s: the longest wait for one answer. reconnect_s: how long a
-    request keeps retrying a connection that cannot be made or breaks."""
+    request keeps retrying a connection that cannot be made or breaks. api_key: the server's key (None: none)."""
 
-    def __init__(self, base_url: str, timeout_s: float = 600.0, reconnect_s: float = 120.0):
+    def __init__(self, base_url: str, timeout_s: float = 600.0, reconnect_s: float = 120.0,
+                 api_key: str | None = None):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url={base_url!r}: expected the server's URL, e.g. 'http://127.0.0.1:8000'")
         self.base_url = base_url.rstrip("/")
         self.timeout_s, self.reconnect_s = timeout_s, reconnect_s
+        if api_key is not None and (not isinstance(api_key, str) or not api_key):
+            raise ValueError(f"api_key={api_key!r}: expected the server's key, a non-empty string (or None for a "
+                             "server without one)")
+        self._headers = {"Content-Type": "application/json",
+                         **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         self.num_reconnects = 0  # connection failures recovered from, over the client's life
 
     def get(self, path: str, what: str = "") -> dict | str:
@@ -48,7 +55,7 @@ class ServerClient:
             try:
                 return self._send(method, url, body)
             except urllib.error.HTTPError as e:
-                raise ServerError(f"{label} -> HTTP {e.code}: {_text(e)[:1000]}") from None
+                raise ServerError(f"{label} -> HTTP {e.code}: {_text(e)[:1000]}{_hint(e.code)}") from None
             except TimeoutError:
                 raise ServerError(f"{label}: no answer within {self.timeout_s:.0f} s (request_timeout_s); the server "
                                   "may be overloaded or stuck") from None
@@ -71,13 +78,20 @@ class ServerClient:
 
     def _send(self, method: str, url: str, body: dict | None) -> dict | str:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(url, data=data, method=method, headers=self._headers)
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
             text = response.read().decode()
         try:
             return json.loads(text) if text else {}
         except json.JSONDecodeError:
             return text
+
+
+def _hint(status: int) -> str:
+    if status != 401:
+        return ""
+    return ("\nThe server wants an API key: pass RolloutGenerator(backend='server', ..., server_kwargs={'api_key': "
+            "<key>}) or set VLLM_API_KEY in this process's environment, with the key the server was started with")
 
 
 def _text(error: urllib.error.HTTPError) -> str:

@@ -13,6 +13,7 @@ their own responses and hand them here.
 - the engine is built with its speculative config: a drafter cannot be swapped on a running engine.
 """
 
+import os
 from typing import Iterable
 
 import torch
@@ -34,6 +35,8 @@ PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 # vLLM's additional_config that holds the project's speculative config for it (vllm_backend/proposer.py)
 PROPOSER_CLASS = "rollout.vllm_backend.proposer.RolloutProposer"
 CONFIG_KEY = "rollout_speculative_config"
+# where the server's /server_info holds its folders (weights_dir, history_dir) for the client (vllm_backend/guard.py)
+SERVER_KEY = "rollout_server"
 
 
 class VLLMCommon:
@@ -73,6 +76,14 @@ class VLLMCommon:
         return False  # vLLM's own drafters keep their caches to themselves
 
     load_rollout_history = save_rollout_history
+
+
+def is_inside(path, folder: str | None) -> bool:
+    """Whether `path` (a non-empty string), with `..` and symlinks resolved, is `folder` or lies below it."""
+    if not folder or not isinstance(path, str) or not path or "\0" in path:
+        return False
+    resolved, root = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([resolved, root]) == root
 
 
 def require_local(path: str | None, field: str) -> str:

@@ -3,6 +3,7 @@ refuses, the default pair, and the plain command it prints. No server is started
 starts one)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -31,7 +32,10 @@ def test_the_settings_the_client_needs_are_added_on_cpu():
                                                                                          str(max_model_len))
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # K and V, float32
     assert "--enforce-eager" in flags and int(flags["--kv-cache-memory-bytes"]) == per_token * 8 * (max_model_len + 64)
-    assert flags["--port"] == "9" and env == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert flags["--port"] == "9" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert flags["--host"] == "127.0.0.1" and flags["--middleware"] == "rollout.vllm_backend.guard.ServerGuard"
+    folders = json.loads(env["ROLLOUT_SERVER_FOLDERS"])  # new private folders, for the gate and the clients
+    assert sorted(folders) == ["history_dir", "weights_dir"] and all(os.path.isdir(f) for f in folders.values())
     gpu_args, _ = build_command(["--model", target], is_cpu=False)
     assert "--enforce-eager" not in gpu_args and "--kv-cache-memory-bytes" not in gpu_args
 
@@ -59,8 +63,9 @@ def test_default_pair_and_tensor_parallel_binding(monkeypatch):
     default = SpecConfig.from_dict(default_speculative_config(backend="vllm"))
     assert SpecConfig.from_dict(additional["rollout_speculative_config"]) == default
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
-    assert plain_command(args, env).startswith("VLLM_SERVER_DEV_MODE=1 VLLM_CPU_OMP_THREADS_BIND='0,1|2,3' python -m "
-                                               "vllm.entrypoints.openai.api_server --model ")
+    assert plain_command(args, env).startswith("VLLM_SERVER_DEV_MODE=1 ROLLOUT_SERVER_FOLDERS=")
+    assert "VLLM_CPU_OMP_THREADS_BIND='0,1|2,3' python -m vllm.entrypoints.openai.api_server --model " in \
+        plain_command(args, env)
 
 
 def test_the_projects_drafter_becomes_vllms_custom_class_with_its_config_beside_it():
@@ -83,6 +88,32 @@ def test_the_projects_drafter_becomes_vllms_custom_class_with_its_config_beside_
     missing = {"method": "custom_class", "model": "not_installed.drafters.Mine", "num_speculative_tokens": 3}
     with pytest.raises(ValueError, match="model='not_installed.drafters.Mine': cannot import module 'not_installed"):
         build_command(["--model", target, "--speculative-config", json.dumps(missing)], is_cpu=True)
+
+
+def test_a_server_open_beyond_loopback_needs_a_key(monkeypatch, tmp_path):
+    target = default_model_paths()["target"]
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    for host in ("0.0.0.0", "10.1.2.3", "server1", ""):
+        with pytest.raises(ValueError, match=f"--host {host}: a server bound beyond loopback needs an API key"):
+            build_command(["--model", target, "--host", host], is_cpu=True)
+    for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        build_command(["--model", target, "--host", host], is_cpu=True)
+    build_command(["--model", target, "--host", "0.0.0.0", "--trusted-network"], is_cpu=True)
+    args, env = build_command(["--model", target, "--host", "0.0.0.0", "--api-key", "s3cret",
+                               "--weights-dir", str(tmp_path / "w"), "--history-dir", str(tmp_path / "h")], is_cpu=True)
+    assert "s3cret" not in plain_command(args, env) and "--api-key '<key>'" in plain_command(args, env)
+    assert "--trusted-network" not in args and "--weights-dir" not in args  # the launcher's own flags stay here
+    assert json.loads(env["ROLLOUT_SERVER_FOLDERS"]) == {"weights_dir": str(tmp_path / "w"),
+                                                          "history_dir": str(tmp_path / "h")}
+    monkeypatch.setenv("VLLM_API_KEY", "s3cret")
+    build_command(["--model", target, "--host", "0.0.0.0"], is_cpu=True)
+
+
+def test_the_cli_refuses_an_open_server_before_starting_it():
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    out = subprocess.run([sys.executable, "-m", "rollout", "serve", "--model", "default", "--host", "0.0.0.0"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2 and "needs an API key" in out.stderr and "--trusted-network" in out.stderr
 
 
 def test_the_cli_prints_the_plain_command_on_a_dry_run():

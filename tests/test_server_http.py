@@ -19,9 +19,14 @@ process_start_time_seconds 1.7964e+09
 """
 
 
+KEY = "k3y"
+
+
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
-        if self.path == "/metrics":
+        if self.path == "/keyed":
+            self._reply(200 if self.headers.get("Authorization") == f"Bearer {KEY}" else 401, '{"error": "no key"}')
+        elif self.path == "/metrics":
             self._reply(200, METRICS, "text/plain")
         elif self.path == "/slow":
             time.sleep(2)
@@ -99,3 +104,17 @@ def test_errors_name_the_url_and_the_request():
         client.get("/v1/models")
     with pytest.raises(ValueError, match="base_url='127.0.0.1:8000'"):
         ServerClient("127.0.0.1:8000")
+
+
+def test_the_key_goes_with_every_request_and_a_401_says_how_to_pass_it():
+    port = free_port()
+    server = Serve(port)
+    try:
+        assert ServerClient(f"http://127.0.0.1:{port}", api_key=KEY).get("/keyed") == {"error": "no key"}
+        for client in (ServerClient(f"http://127.0.0.1:{port}"), ServerClient(f"http://127.0.0.1:{port}", api_key="x")):
+            with pytest.raises(ServerError, match=r"(?s)HTTP 401.*wants an API key: pass .*server_kwargs=\{'api_key'"):
+                client.get("/keyed")
+    finally:
+        server.stop()
+    with pytest.raises(ValueError, match="api_key=''"):
+        ServerClient("http://127.0.0.1:1", api_key="")

@@ -53,7 +53,7 @@ def server(pair, tuned):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return RolloutGenerator(backend="server", base_url=server.url)
+    return RolloutGenerator(**server.client_kwargs)
 
 
 def _hf(folder):
@@ -86,7 +86,7 @@ def test_samples_in_order_with_the_targets_processed_logprobs(client, pair):
     assert counted == [batch.stats["num_draft_tokens"]] > [0]  # the records sum to the counters
 
 
-def test_greedy_equals_the_embedded_engine_and_seeds_reproduce(client, pair, tuned):
+def test_greedy_equals_the_embedded_engine_and_seeds_reproduce(client, pair, tuned, server):
     embedded = RolloutGenerator(pair["target"], speculative_config=tuned, max_num_seqs=16)
     prompts = default_prompts(4)
     ours, theirs = (g.generate(prompts, 1, GREEDY, use_tqdm=False) for g in (embedded, client))
@@ -95,7 +95,8 @@ def test_greedy_equals_the_embedded_engine_and_seeds_reproduce(client, pair, tun
         torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-4, rtol=0)
     # Seeded draws repeat where the requests batch the same way (the schedule's K, and so the draws the rejection
     # sampler consumes, follow the step's batch size): one request in flight at a time.
-    serial = RolloutGenerator(backend="server", base_url=client.base_url, server_kwargs={"max_concurrency": 1})
+    serial = RolloutGenerator(backend="server", base_url=client.base_url,
+                              server_kwargs={"max_concurrency": 1, "api_key": server.api_key})
     params = SamplingParams(temperature=1.0, max_tokens=12, seed=7)
     runs = [[s.completion_ids for s in serial.generate(prompts, 2, params, use_tqdm=False).samples] for _ in range(2)]
     assert runs[0] == runs[1] and len({tuple(c) for c in runs[0]}) > 1
@@ -146,7 +147,8 @@ def test_two_trainer_processes_share_the_server(client, server, pair, tmp_path):
     weights (2 target syncs, 2 drafter refreshes reach the server, not 4 and 4); afterwards the server's target is
     the policy as last synced, and its drafter the main process's refreshed draft."""
     log_start = len(server.log_path.read_text())
-    accelerate_launch(ROOT / "tests" / "two_process_server_grpo.py", str(tmp_path), server.url)
+    accelerate_launch(ROOT / "tests" / "two_process_server_grpo.py", str(tmp_path), server.url,
+                      env={"VLLM_API_KEY": server.api_key})  # the clients' key from the environment
     ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
     assert [(r["world_size"], len(r["calls"]), r["num_syncs"]) for r in ranks] == [(2, 2, 2)] * 2
     assert [r["num_refreshes"] for r in ranks] == [2, 0]

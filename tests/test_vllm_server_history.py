@@ -24,7 +24,8 @@ def server(tmp_path_factory):
     server.stop()
 
 
-def test_every_client_drafts_from_the_servers_history_losslessly(server):
+def test_every_client_drafts_from_the_servers_history_losslessly(server, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", server.api_key)  # the clients' key from the environment
     prompts = default_prompts(16, seed=5)
     reference = RolloutGenerator("default", max_num_seqs=16).generate(prompts, 1, GREEDY, use_tqdm=False)
     first_client, second_client = (RolloutGenerator(backend="server", base_url=server.url) for _ in range(2))

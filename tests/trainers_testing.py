@@ -26,10 +26,11 @@ LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--
           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 
 
-def accelerate_launch(script: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def accelerate_launch(script: Path, *args: str, timeout: int = 900,
+                      env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`script args` on two CPU processes (the command in CONTEXT.md and the README), tests/ and the project on
-    PYTHONPATH; asserts a zero exit status, with the output's tail as the message."""
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
+    PYTHONPATH, `env` added; asserts a zero exit status, with the output's tail as the message."""
+    env = {**os.environ, **(env or {}), "ACCELERATE_USE_CPU": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run([*LAUNCH, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -19,8 +19,7 @@ from rollout import RolloutGenerator, default_model_paths
 
 def main(output_dir: str, base_url: str) -> None:
     args = grpo_config(output_dir, per_device_train_batch_size=6, num_generations=4, max_steps=2)
-    generator = RolloutGenerator(backend="server", base_url=base_url,
-                                 server_kwargs={"weights_dir": str(Path(output_dir, "weights"))})
+    generator = RolloutGenerator(backend="server", base_url=base_url)  # the key: VLLM_API_KEY (the test sets it)
     calls = []
     callback = RecordingCallback(generator, drafter_refresh_steps=1, drafter_learning_rate=1e-2)
 

@@ -3,6 +3,7 @@ rejects 16), HF reference logprobs, and a vLLM OpenAI server started in a subpro
 
 import importlib.util
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -54,15 +55,17 @@ def hf_logprobs(model, prompt: list[int], completion: list[int], params: Samplin
 
 
 class Server:
-    """`python -m rollout serve ARGS` in its own process group, at a free port on 127.0.0.1; `stop()` ends the
-    group and removes the /dev/shm files its processes left."""
+    """`python -m rollout serve ARGS` in its own process group, at a free port on 127.0.0.1, with a new API key
+    (`api_key`, given to the server in VLLM_API_KEY; clients pass `client_kwargs`); `stop()` ends the group and
+    removes the /dev/shm files its processes left."""
 
-    def __init__(self, args: list[str], log_path: Path):
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
-            "PYTHONPATH", "")])}
+        self.api_key = secrets.token_urlsafe(16)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_API_KEY": self.api_key, **(env or {}),
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.shm_before = set(os.listdir("/dev/shm"))
         start = time.monotonic()
         self.process = subprocess.Popen([sys.executable, "-m", "rollout", "serve", *args, "--host", "127.0.0.1",
@@ -83,6 +86,11 @@ class Server:
                 time.sleep(1)
         self.stop()
         raise RuntimeError(f"the server was not up after {SERVER_START_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    @property
+    def client_kwargs(self) -> dict:
+        """RolloutGenerator's arguments for a client of this server."""
+        return {"backend": "server", "base_url": self.url, "server_kwargs": {"api_key": self.api_key}}
 
     def log_tail(self, num_chars: int = 4000) -> str:
         return self.log_path.read_text()[-num_chars:]

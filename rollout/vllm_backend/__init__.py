@@ -9,6 +9,7 @@ and only lazily: importing it (or `rollout`) does not import vllm; building an e
     worker.py        the worker extension vLLM loads in its workers: the fix, draft-weight reloads
     step_times.py    vLLM's step time per batch size and K, for `rollout tune --backend vllm`
     serve.py         `python -m rollout serve`: vLLM's OpenAI server with those settings
+    guard.py         the server's gate (vLLM --middleware): the key on every route, the client's RPCs only
 """
 
 from rollout.vllm_backend.inprocess import INSTALL_HINT, VLLMBackend, import_vllm

@@ -17,22 +17,35 @@ and on CPU `--enforce-eager`, `--dtype float32`, `--max-model-len` (the model's,
 (engine_args.py says why). It sets VLLM_SERVER_DEV_MODE=1 (the client reads /server_info and syncs weights through
 /collective_rpc) and, for tensor parallelism on CPU, VLLM_CPU_OMP_THREADS_BIND.
 
-It prints the equivalent plain command, then replaces itself with `python -m vllm.entrypoints.openai.api_server`
-(the `vllm serve` CLI fails on the CPU wheel: it asks for the version of a package named "vllm"; on a CUDA install
-`vllm serve --model ...` with the same flags and environment is the same server). `--dry-run` prints and exits.
+It admits the server's trainers only (guard.py, added as vLLM's `--middleware`): with a key (`--api-key`, or
+VLLM_API_KEY in the environment, which keeps it out of the process list) every route but /health needs it;
+/collective_rpc runs only the client's worker methods, their paths inside the server's folders; /server_info hides
+the environment. The folders, flags of this launcher (not passed to vLLM): `--weights-dir` (where clients write the
+checkpoints the server loads) and `--history-dir` (rollout-history files), each a new private temporary folder unless
+given, reach the gate in the environment (guard.FOLDERS_ENV) and the clients through /server_info. The server binds 127.0.0.1 unless --host is given;
+another host without a key is refused unless `--trusted-network` is passed (then anyone who reaches the port can
+generate, pause the server and load weights or histories from its folders).
+
+It prints the equivalent plain command (keys masked), then replaces itself with `python -m
+vllm.entrypoints.openai.api_server` (the `vllm serve` CLI fails on the CPU wheel: it asks for the version of a
+package named "vllm"; on a CUDA install `vllm serve --model ...` with the same flags and environment is the same
+server). `--dry-run` prints and exits.
 """
 
 import argparse
 import json
 import os
+import ipaddress
 import shlex
 import sys
+import tempfile
 
 import torch
 
 from rollout.loading import default_max_model_len
 from rollout.vllm_backend.engine_args import (WORKER_EXTENSION, cpu_thread_binding, drafter_folder, kv_cache_bytes,
                                               speculative_config)
+from rollout.vllm_backend.guard import FOLDERS, FOLDERS_ENV
 from rollout.vllm_common import PROPOSER_CLASS
 from spec import SpecConfig
 from spec.config import PROTOCOL_METHODS
@@ -43,7 +56,9 @@ VLLM_DEFAULT_MAX_NUM_SEQS = 128
 # Flags the client needs at these values: another value is refused (the fix is named).
 REQUIRED = {"--logprobs-mode": "processed_logprobs"}
 ADDED = {"--per-request-spec-decode-metrics": "detailed", "--generation-config": "vllm",
-         "--worker-extension-cls": WORKER_EXTENSION}
+         "--worker-extension-cls": WORKER_EXTENSION, "--host": "127.0.0.1"}
+GUARD = "rollout.vllm_backend.guard.ServerGuard"
+LOOPBACK_NAMES = ("localhost",)
 
 
 def build_command(argv: list[str], is_cpu: bool | None = None) -> tuple[list[str], dict[str, str]]:
@@ -51,31 +66,55 @@ def build_command(argv: list[str], is_cpu: bool | None = None) -> tuple[list[str
     vLLM flags `argv`. ValueError for a missing --model or a flag at a value the client cannot use;
     NotImplementedError for a config of this project's drafters that vLLM cannot run (SpecConfig.check_vllm_protocol)."""
     is_cpu = not torch.cuda.is_available() if is_cpu is None else is_cpu
+    own, argv = _own_parser().parse_known_args(argv)
     known = _parser().parse_known_args(argv)[0]
     if not known.model:
         raise ValueError("rollout serve needs --model FOLDER (the target; vLLM's flag names, e.g. --model "
                          "/models/target --speculative-config '{\"method\": \"draft_model\", ...}' --port 8000)")
-    args = _project_drafter(_default_pair(list(argv), known), known)
     for flag, value in REQUIRED.items():
         given = getattr(known, _dest(flag))
         if given is not None and given != value:
             raise ValueError(f"{flag} {given}: the server backend needs {flag} {value} (the trainer's logprobs are "
                              "the processed distribution's); drop the flag")
+    has_key = bool(known.api_key or os.environ.get("VLLM_API_KEY"))
+    check_access(ADDED["--host"] if known.host is None else known.host, has_key, own.trusted_network)
+    args, additional = _project_drafter(_default_pair(list(argv), known), known)
+    args += [*(["--additional-config", json.dumps(additional)] if additional else []), "--middleware", GUARD]
     for flag, value in {**REQUIRED, **ADDED}.items():
         if getattr(known, _dest(flag)) is None:
             args += [flag, value]
     if is_cpu:
         args += _cpu_defaults(known)
-    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    env = {"VLLM_SERVER_DEV_MODE": "1",
+           FOLDERS_ENV: json.dumps({name: _folder(getattr(own, name), name) for name in FOLDERS})}
     if is_cpu and known.tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(known.tensor_parallel_size)
     return args, env
 
 
 def plain_command(args: list[str], env: dict[str, str]) -> str:
-    """The shell command that starts the same server without this launcher."""
+    """The shell command that starts the same server without this launcher (API keys masked)."""
+    shown = ["<key>" if i > 0 and args[i - 1] == "--api-key" else "--api-key=<key>" if a.startswith("--api-key=")
+             else a for i, a in enumerate(args)]
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), "python", "-m", SERVER_MODULE,
-                     shlex.join(args)])
+                     shlex.join(shown)])
+
+
+def check_access(host: str, has_key: bool, trusted_network: bool) -> None:
+    """ValueError for a server that would be open to other machines: bound beyond loopback without a key."""
+    if has_key or trusted_network or _is_loopback(host):
+        return
+    raise ValueError(f"--host {host}: a server bound beyond loopback needs an API key, or anyone who reaches its port "
+                     "can load weights into it and pause it; start it with VLLM_API_KEY=<key> in the environment (or "
+                     "--api-key <key>) and give the trainers the same key (server_kwargs={'api_key': ...} or "
+                     "VLLM_API_KEY), or pass --trusted-network to serve without one on a network you trust")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host in LOOPBACK_NAMES
 
 
 def main(argv: list[str]) -> int:
@@ -108,20 +147,31 @@ def _default_pair(args: list[str], known: argparse.Namespace) -> list[str]:
     return args
 
 
-def _project_drafter(args: list[str], known: argparse.Namespace) -> list[str]:
-    """args with a config of this project's drafters (PROTOCOL_METHODS, e.g. "history") made what vLLM runs: its
-    custom_class hook on PROPOSER_CLASS, with the config in --additional-config (merged into one given)."""
+def _project_drafter(args: list[str], known: argparse.Namespace) -> tuple[list[str], dict]:
+    """(args without --additional-config, the additional config): a config of this project's drafters
+    (PROTOCOL_METHODS, e.g. "history") made what vLLM runs, its custom_class hook on PROPOSER_CLASS, with the config
+    added to the additional config given."""
+    additional = _json_object(known.additional_config or "{}", "--additional-config")
+    args = _without(args, "--additional-config")
     given = _json_object(known.speculative_config, "--speculative-config") if known.speculative_config else None
     if not given or given.get("method") not in PROTOCOL_METHODS:
-        return args
+        return args, additional
     config = SpecConfig.from_dict(given)
-    spec, additional = speculative_config(config, None)
+    spec, drafter = speculative_config(config, None)
     for path in (PROPOSER_CLASS, *([config.model] if config.method == "custom_class" else [])):
         load_class(path)  # the server's worker imports these: fail here, naming the path, not in its start-up
     known.speculative_config = json.dumps(spec)
-    additional = {**_json_object(known.additional_config or "{}", "--additional-config"), **additional}
-    args = _without(_without(args, "--speculative-config"), "--additional-config")
-    return args + ["--speculative-config", known.speculative_config, "--additional-config", json.dumps(additional)]
+    args = _without(args, "--speculative-config")
+    return args + ["--speculative-config", known.speculative_config], {**additional, **drafter}
+
+
+def _folder(given: str | None, name: str) -> str:
+    """The server's folder `name` (FOLDERS) as an absolute path: the one given (created if missing), else a new
+    private temporary folder."""
+    if given is None:
+        return tempfile.mkdtemp(prefix=f"rollout-serve-{name.removesuffix('_dir')}-")
+    os.makedirs(given, exist_ok=True)
+    return os.path.abspath(given)
 
 
 def _without(args: list[str], flag: str) -> list[str]:
@@ -175,11 +225,21 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--model", "--speculative-config", "--additional-config", "--dtype", *REQUIRED, *ADDED):
         parser.add_argument(flag)
+    parser.add_argument("--api-key", action="append")
     for flag in ("--max-model-len", "--max-num-seqs", "--kv-cache-memory-bytes"):
         parser.add_argument(flag, type=int)
     parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--enforce-eager", action="store_true")
+    return parser
+
+
+def _own_parser() -> argparse.ArgumentParser:
+    """This launcher's own flags (taken out of what reaches vLLM)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--weights-dir", dest="weights_dir")
+    parser.add_argument("--history-dir", dest="history_dir")
+    parser.add_argument("--trusted-network", action="store_true")
     return parser
 
 

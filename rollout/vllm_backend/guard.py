@@ -1,0 +1,189 @@
+"""The rollout server's gate: an ASGI middleware that `python -m rollout serve` puts in front of vLLM's OpenAI server
+(vLLM's `--middleware rollout.vllm_backend.guard.ServerGuard`), so that the server admits its trainers only.
+
+The server runs in vLLM's dev mode (the client needs /server_info, /collective_rpc and /reset_prefix_cache), which
+also opens vLLM's RL routes (/pause, /update_weights, ...), and vLLM's own key check covers only paths under /v1,
+/v2, /inference and /cohere. This gate, outermost in the app, adds:
+
+- **the key on every route**: with a key set (vLLM's `--api-key`, else `VLLM_API_KEY` in the environment, as vLLM
+  reads them), every request must carry `Authorization: Bearer <key>`, on every path and method, websockets
+  included; the one exception is `GET /health`, for load balancers. Otherwise 401.
+- **only the client's RPCs**: `POST /collective_rpc` runs only the worker methods in RPC_METHODS, with exactly their
+  keyword arguments; anything else is 403, naming the method. A path argument must lie, once `..` and symlinks are
+  resolved, inside the server's folder for it (`weights_dir`, `history_dir`: JSON in the environment variable
+  FOLDERS_ENV, which serve.py sets), else 403: nothing is read or written.
+- **no secrets out**: /server_info answers only what the client reads (SERVER_INFO_FIELDS of the engine config, and
+  the server's folders under SERVER_KEY), never the process environment.
+
+The RPC and /server_info rules hold with or without a key. The gate reads the key from the running app
+(`app.state.args.api_key`, else VLLM_API_KEY) and the folders from FOLDERS_ENV at its first request.
+"""
+
+import hashlib
+import json
+import os
+import secrets
+
+from rollout.vllm_common import CONFIG_KEY, SERVER_KEY, is_inside
+
+FOLDERS_ENV = "ROLLOUT_SERVER_FOLDERS"  # {"weights_dir": path, "history_dir": path}, set by serve.py
+FOLDERS = ("weights_dir", "history_dir")
+# method -> {keyword argument: the server folder its path must lie in, or None for a value that is not a path}
+RPC_METHODS = {
+    "reload_weights": {"weights_path": "weights_dir"},  # vLLM's own: the target's weights, from a checkpoint folder
+    "reload_draft_weights": {"weights_path": "weights_dir"},  # worker.py
+    "repack_tied_lm_head": {},
+    "save_rollout_history": {"path": "history_dir"},
+    "load_rollout_history": {"path": "history_dir"},
+}
+# what /server_info returns of vLLM's engine config: section -> its fields kept
+SERVER_INFO_FIELDS = {
+    "speculative_config": ("method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"),
+    "scheduler_config": ("max_num_seqs",),
+    "model_config": ("dtype", "logprobs_mode", "max_model_len"),
+    "observability_config": ("per_request_spec_decode_metrics",),
+    "additional_config": (CONFIG_KEY,),
+}
+OPEN_ROUTES = {("GET", "/health"), ("HEAD", "/health")}
+
+
+class ServerGuard:
+    """Pure ASGI middleware (vLLM adds it with `app.add_middleware(ServerGuard)`)."""
+
+    def __init__(self, app):
+        self.app = app
+        self._key_digests = None  # sha256 of each accepted key; [] when the server has none
+        self._folders = None  # FOLDERS name -> the server's folder
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        self._read_settings(scope["app"])
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        method = scope.get("method", "GET")
+        if (method, path) not in OPEN_ROUTES and not self._admits(scope):
+            return await _refuse(scope, send, 401, "this server needs its API key: send the header 'Authorization: "
+                                                   "Bearer <key>' (RolloutGenerator: server_kwargs={'api_key': ...} "
+                                                   "or VLLM_API_KEY in the environment)")
+        if path == "/collective_rpc":
+            body = await _read_body(receive)
+            refusal = check_rpc(body, self._folders)
+            if refusal:
+                return await _refuse(scope, send, 403, refusal)
+            receive = _replay(body)
+        elif path == "/server_info":
+            send = _filtered_server_info(send, self._folders)
+        await self.app(scope, receive, send)
+
+    def _read_settings(self, app) -> None:
+        if self._key_digests is not None:
+            return
+        state = app.state
+        keys = getattr(getattr(state, "args", None), "api_key", None) or [os.environ.get("VLLM_API_KEY")]
+        keys = [keys] if isinstance(keys, str) else keys
+        self._key_digests = [hashlib.sha256(k.encode()).digest() for k in keys if k]
+        folders = json.loads(os.environ.get(FOLDERS_ENV) or "{}")
+        self._folders = {name: folders[name] for name in FOLDERS if folders.get(name)}
+
+    def _admits(self, scope) -> bool:
+        if not self._key_digests:
+            return True
+        headers = dict(scope.get("headers") or ())
+        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        digest = hashlib.sha256(token.encode()).digest()
+        matches = [secrets.compare_digest(digest, accepted) for accepted in self._key_digests]
+        return scheme.lower() == "bearer" and any(matches)
+
+
+def check_rpc(body: bytes, folders: dict[str, str]) -> str | None:
+    """Why a /collective_rpc body is refused, None when it is admitted (module docstring)."""
+    try:
+        request = json.loads(body or b"{}")
+    except ValueError:
+        return "the body is not JSON"
+    if not isinstance(request, dict):
+        return "the body is not a JSON object"
+    method = request.get("method")
+    if method not in RPC_METHODS:
+        return (f"method {method!r} is not one this server runs for its clients; it runs "
+                f"{', '.join(sorted(RPC_METHODS))}")
+    if request.get("args"):
+        return f"method {method!r}: positional args are not accepted; pass kwargs"
+    kwargs, allowed = request.get("kwargs") or {}, RPC_METHODS[method]
+    if not isinstance(kwargs, dict) or set(kwargs) != set(allowed):
+        return f"method {method!r} takes exactly the kwargs {sorted(allowed)}, not {kwargs!r}"
+    for name, folder in allowed.items():
+        if folder is not None and not is_inside(kwargs[name], folders.get(folder)):
+            return (f"method {method!r}: {name}={kwargs[name]!r} is not inside the server's {folder} "
+                    f"({folders.get(folder) or 'none set: start the server with --' + folder.replace('_', '-')})")
+    return None
+
+
+def server_info(info: dict, folders: dict[str, str]) -> dict:
+    """/server_info as the client reads it: SERVER_INFO_FIELDS of the engine config and the server's folders."""
+    config = info.get("vllm_config")
+    config = config if isinstance(config, dict) else {}
+    kept = {}
+    for section, fields in SERVER_INFO_FIELDS.items():
+        values = config.get(section)
+        if isinstance(values, dict):
+            kept[section] = {name: values[name] for name in fields if name in values}
+    return {"vllm_config": kept, SERVER_KEY: folders}
+
+
+async def _read_body(receive) -> bytes:
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    return b"".join(chunks)
+
+
+def _replay(body: bytes):
+    """A receive() that hands the app the body already read, then waits for whatever comes next (a disconnect)."""
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+def _filtered_server_info(send, folders: dict[str, str]):
+    """A send() that buffers vLLM's /server_info answer and passes on only server_info() of it."""
+    start, chunks = None, []
+
+    async def filtered(message):
+        nonlocal start
+        if message["type"] == "http.response.start":
+            start = message
+            return
+        if message["type"] != "http.response.body":
+            return await send(message)
+        chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        body = b"".join(chunks)
+        if start["status"] == 200:
+            body = json.dumps(server_info(json.loads(body), folders)).encode()
+        headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() != b"content-length"]
+        await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return filtered
+
+
+async def _refuse(scope, send, status: int, reason: str) -> None:
+    if scope["type"] == "websocket":  # closing before accepting answers the handshake with 403
+        return await send({"type": "websocket.close", "code": 1008, "reason": reason[:120]})
+    body = json.dumps({"error": {"message": reason, "code": status}}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
