@@ -4,8 +4,9 @@
 # token against HF generate's, then the multi-epoch benchmark's embedded arms in bfloat16 at 64x8 (target forwards
 # per step and tokens/s per epoch; every arm's samples checked against no speculation's); where vLLM's CUDA build is
 # installed, the project's drafters inside vLLM (tests/test_vllm_proposer.py: greedy equality through the custom_class
-# proposer on 32 prompts) and the multi-epoch benchmark's vLLM arms at 64x8. Results (JSON, plots, logs) go to $OUT
-# (default: examples/results/cuda).
+# proposer on 32 prompts) and the multi-epoch benchmark's vLLM arms at 64x8; with 2 GPUs, the history shared by 2
+# trainer processes (examples/bench_sharing.py). Results (JSON, plots, logs) go to $OUT (default:
+# examples/results/cuda).
 #
 #   examples/device_check.sh [WHEELS_DIR]     # WHEELS_DIR: wheels to install first (trl, datasets, ... where missing)
 #
@@ -40,6 +41,18 @@ $PYTHON examples/bench_epochs.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bf
     --shapes "${EPOCH_SHAPES:-64x8}" --epochs "${EPOCHS:-3}" --max-completion-length "${MAX_TOKENS:-320}" \
     --arms "${EPOCH_ARMS:-no_spec,draft_schedule,suffix,history_k4,history_k8,default}" --lr-warmup-steps 0 \
     --output-dir "$OUT" 2>&1 | tail -30 | tee "$OUT/bench_epochs.txt"
+
+# with 2 GPUs: the rollout history shared by 2 trainer processes (accelerate launch, one GPU each) against 1 process
+if [ "$($PYTHON -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+  SHARING_ARMS=default_1p,default_2p,default_2p_own,hist8_1p,hist8_2p,hist8_2p_own
+  if $PYTHON -c "import vllm" 2>/dev/null; then
+    SHARING_ARMS=$SHARING_ARMS,vllm_default_1p,vllm_default_2p,vllm_default_2p_own,vllm_suffix_2p,vllm_no_spec_2p
+  fi
+  $PYTHON examples/bench_sharing.py --device cuda --arms "${SHARING:-$SHARING_ARMS}" --vllm-python "$PYTHON" \
+      --output-dir "$OUT/sharing" 2>&1 | tail -30 | tee "$OUT/bench_sharing.txt"
+else
+  echo "fewer than 2 GPUs: the 2-process history-sharing run is skipped" | tee "$OUT/sharing.txt"
+fi
 
 if $PYTHON -c "import vllm" 2>/dev/null; then
   $PYTHON -m pytest -q -p no:cacheprovider tests/test_vllm_proposer.py 2>&1 | tail -15 | tee "$OUT/test_vllm_proposer.txt"

@@ -124,3 +124,24 @@ def _name(draft_model) -> str:
     if isinstance(draft_model, (str, os.PathLike)):
         return os.fspath(draft_model)
     return getattr(draft_model, "name_or_path", None) or "draft"
+
+
+def check_rollouts(prompt_ids, completion_ids, vocab_size: int | None) -> None:
+    """Finished rollouts for the rollout history: two lists of token-id lists of one length (rollout i is
+    prompt_ids[i] followed by completion_ids[i]), each prompt non-empty, every id in the target's vocabulary."""
+    if not isinstance(prompt_ids, (list, tuple)) or not isinstance(completion_ids, (list, tuple)) \
+            or len(prompt_ids) != len(completion_ids):
+        raise ValueError(f"prompt_ids ({_describe(prompt_ids)}) and completion_ids ({_describe(completion_ids)}): "
+                         "expected two lists of token-id lists of the same length, rollout i being prompt_ids[i] "
+                         "followed by completion_ids[i]")
+    for i, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids)):
+        if not isinstance(prompt, (list, tuple)) or not prompt:
+            raise ValueError(f"prompt_ids[{i}]={prompt!r}: expected a non-empty list of token ids")
+        if not isinstance(completion, (list, tuple)):
+            raise ValueError(f"completion_ids[{i}]={completion!r}: expected a list of token ids")
+        check_token_ids(f"prompt_ids[{i}]", prompt, vocab_size)
+        check_token_ids(f"completion_ids[{i}]", completion, vocab_size)
+
+
+def _describe(value) -> str:
+    return f"{len(value)} items" if isinstance(value, (list, tuple)) else type(value).__name__

@@ -2,8 +2,8 @@
 `build_backend`, which builds one.
 
 The generator tokenises prompts, derives each call's seed and decodes; a backend turns token-id prompts into samples.
-Backends: the embedded engine (rollout/embedded.py), vLLM in this process (rollout/vllm_backend/) and a running
-vLLM server (rollout/server_backend.py). Weight updates are atomic: every name, shape and dtype is checked before
+Backends: the embedded engine (rollout/embedded.py), vLLM in this process (rollout/vllm_backend/) and running
+vLLM servers (rollout/server_backend.py). Weight updates are atomic: every name, shape and dtype is checked before
 anything is written, so a bad or failing source leaves the previous weights in place. Where a backend cannot do
 what a method asks (the server cannot change its schedule), it raises NotImplementedError saying what to do instead.
 """
@@ -70,6 +70,11 @@ class Backend(Protocol):
     def load_rollout_history(self, path) -> bool:
         """Replace the drafter's rollout history with the one at `path`; False where the drafter keeps none.
         ValueError (the history unchanged) for a file that is not a complete history for this model."""
+        ...
+
+    def add_rollout_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> bool:
+        """Add finished rollouts (checked token ids) to the drafter's rollout history, as its own finished requests
+        are; False where the drafter keeps none."""
         ...
 
     def measure_step_times(self, prompt_ids: list[list[int]], batch_sizes: list[int], ks: list[int]):

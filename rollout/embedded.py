@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from rollout.engine import Engine
 from rollout.loading import check_same_vocab, default_max_model_len, eos_token_ids, load_model
-from rollout.outputs import RolloutBatch, Sample, build_batch
+from rollout.outputs import RolloutBatch, Sample, build_batch, history_stats
 from rollout.request import Request
 from rollout.sampling_params import SamplingParams, mix_seed
 from rollout.weights import load_weights, no_draft_model
@@ -109,6 +109,13 @@ class EmbeddedBackend:
             history.load(path, vocab_size=self.model.config.vocab_size)
         return history is not None
 
+    def add_rollout_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> bool:
+        proposer = self.speculation.proposer
+        if getattr(proposer, "history", None) is None:
+            return False
+        proposer.add_rollouts(prompt_ids, completion_ids)
+        return True
+
     def use_schedule(self, schedule: list[list[int]]) -> None:
         """Follow `schedule` ([[start, end, K], ...]) from the next call on; the drafter drafts as many tokens as each
         step asks for, so only the config changes (what `rollout tune` times)."""
@@ -123,10 +130,12 @@ class EmbeddedBackend:
         requests = self._requests(prompt_ids, num_generations, params, seed)
         for request in requests:
             engine.add(request)
+        counts_before = dict(getattr(speculation.proposer, "history_counts", {}))
         with tqdm(total=len(requests), desc="rollouts", unit="sample", disable=not use_tqdm) as bar:
             elapsed = engine.run(on_finish=lambda r: bar.update(1))  # a failed run releases what it held
         self._save_step_costs(speculation)
-        return self._batch(requests, engine, elapsed, decode)
+        counts = {k: v - counts_before[k] for k, v in getattr(speculation.proposer, "history_counts", {}).items()}
+        return self._batch(requests, engine, elapsed, decode, counts)
 
     def load_weights(self, named_tensors) -> int:
         return load_weights(self.runner.model, named_tensors, role="target")
@@ -190,14 +199,16 @@ class EmbeddedBackend:
                                         RequestAcceptance.sized(num_spec_tokens), stop_ids))
         return requests
 
-    def _batch(self, requests: list[Request], engine: Engine, elapsed: float, decode) -> RolloutBatch:
+    def _batch(self, requests: list[Request], engine: Engine, elapsed: float, decode,
+               history_counts: dict) -> RolloutBatch:
         samples = [Sample(r.prompt_index, r.sample_index, r.prompt_ids, r.output_ids, r.logprobs,
                           decode(r.output_ids), r.finish_reason, r.acceptance.to_dict()) for r in requests]
         policy = self.speculation.policy.stats()
+        history, history_metrics = history_stats(history_counts)
         stats = {**policy, "num_proposed_draft_tokens": engine.num_proposed_drafts,
-                 "num_drafter_faults": engine.num_drafter_faults}
+                 "num_drafter_faults": engine.num_drafter_faults, **history}
         metrics = {"spec/num_drafter_faults": float(engine.num_drafter_faults),
-                   **{f"spec/{name}": float(value) for name, value in policy.items()}}
+                   **{f"spec/{name}": float(value) for name, value in policy.items()}, **history_metrics}
         return build_batch(samples, engine.stats, num_row_steps=len(engine.stats.total.k_per_step),
                            num_steps=engine.num_steps, elapsed=elapsed, stats=stats, metrics=metrics)
 

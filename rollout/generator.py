@@ -4,9 +4,11 @@ prompts, derives each call's seed, and returns samples in input order with their
 import gc
 import threading
 
-from rollout.arguments import as_spec_config, check_call_args, check_generator_args, model_vocab_size
+from rollout.arguments import (as_spec_config, check_call_args, check_generator_args, check_rollouts,
+                               model_vocab_size)
 from rollout.backend import Backend, build_backend
 from rollout.default_models import default_model_paths
+from rollout.history_sharing import default_group, share
 from rollout.loading import load_tokenizer
 from rollout.outputs import RolloutBatch
 from rollout.prompts import to_token_ids
@@ -35,14 +37,16 @@ class RolloutGenerator:
         call. Embedded backend only.
     backend: "embedded" (this package's engine, rollout/embedded.py), "vllm" (`vllm.LLM` in this process,
         rollout/vllm_backend/: it loads `model` and the drafter from their folders; device is vLLM's choice) or
-        "server" (a running vLLM OpenAI server at `base_url`, rollout/server_backend.py).
+        "server" (running vLLM OpenAI servers at `base_url`, rollout/server_backend.py).
     vllm_kwargs: extra `vllm.LLM` arguments for backend="vllm" (tensor_parallel_size, gpu_memory_utilization, ...).
-    base_url: the server's URL for backend="server", e.g. "http://127.0.0.1:8000". The server's model, max_model_len,
-        max_num_seqs and speculative config are read from it; `model` and `draft_model` are optional local copies
+    base_url: the server's URL for backend="server", e.g. "http://127.0.0.1:8000", or a list of servers' URLs: each
+        prompt's group then runs on one of them, chosen by a stable hash of its token ids, and on the next one in
+        the list when that one is down. The servers' model, max_model_len, max_num_seqs and speculative config are
+        read from them; `model` and `draft_model` are optional local copies
         of its folders (default: the server's own paths, when they exist on this machine), used for the tokenizer,
         EOS ids, weight checks and drafter refresh.
     server_kwargs: ServerBackend options for backend="server" (api_key, weights_dir, request_timeout_s, reconnect_s,
-        max_concurrency; rollout/server_backend.py).
+        max_concurrency, probe_timeout_s; rollout/server_backend.py).
     max_drafter_faults: a drafter that raises or returns a malformed proposal costs its step's drafts, not the call
         (the tokens are the same, only slower); each call warns at its first fault, counts them
         (stats["num_drafter_faults"]) and stops drafting after this many. 0: the first fails the call. Embedded
@@ -167,6 +171,33 @@ class RolloutGenerator:
         ValueError, the history unchanged, for a file that is not a complete history for this model."""
         with self._lock:
             return self.backend.load_rollout_history(path)
+
+    @property
+    def keeps_rollout_history(self) -> bool:
+        """The drafter drafts from each prompt's earlier rollouts (method "history")."""
+        return self.config is not None and self.config.method == "history"
+
+    def add_rollout_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> bool:
+        """Add finished rollouts to the drafter's rollout history (method "history"), as if this generator had rolled
+        them out: rollout i is prompt_ids[i] followed by completion_ids[i] (token ids). share_rollout_history adds
+        other processes' rollouts through it; a loop of your own can add rollouts from anywhere. ValueError, nothing
+        added, for lists of different lengths, an empty prompt, or ids outside the target's vocabulary; False where
+        the drafter keeps no history. On backend="server" each prompt's rollouts go to the server its group runs on."""
+        check_rollouts(prompt_ids, completion_ids, self.vocab_size)
+        with self._lock:
+            return self.backend.add_rollout_history(prompt_ids, completion_ids)
+
+    def share_rollout_history(self, batch: RolloutBatch, group=None) -> dict:
+        """Send this process's rollouts (`batch`, the last generate's) to every process of the job and add theirs to
+        this generator's history (rollout/history_sharing.py): one all-gather on `group`, torch.distributed's default
+        group unless given. Every process of the group must call it after each rollout (SpecRolloutCallback does).
+        Nothing happens with one process, a drafter that keeps no history, or backend="server" (each prompt runs on
+        one server, whose history every trainer process feeds). Drafts change, samples never; a failed collective
+        warns and leaves the history as it was. Returns {"num_shared": rollouts added, "seconds": time spent}."""
+        group = default_group() if group is None else group
+        if group is None or self.is_shared or not self.keeps_rollout_history:
+            return {"num_shared": 0, "seconds": 0.0}
+        return share(self, batch, group)
 
     def measure_step_times(self, prompt_ids: list[list[int]] | None = None, batch_sizes: list[int] | None = None,
                            ks: list[int] | None = None):

@@ -40,3 +40,13 @@ def build_batch(samples: list[Sample], acceptance: AcceptanceStats, *, num_row_s
     metrics = {**acceptance.to_metrics(), "spec/rollout_tokens_per_s": tokens_per_s,
                "spec/verified_tokens_per_emitted_token": verified, **(metrics or {})}
     return RolloutBatch(samples, stats, metrics)
+
+
+def history_stats(counts: dict | None) -> tuple[dict, dict]:
+    """(stats, metrics) of a history drafter's counts over a call: requests started ("num_requests") and those whose
+    prompt had earlier rollouts in the history then ("num_requests_with_history"); nothing without counts."""
+    if not counts or "num_requests" not in counts:
+        return {}, {}
+    rate = counts["num_requests_with_history"] / max(counts["num_requests"], 1)
+    return ({"num_requests_with_history": counts["num_requests_with_history"], "history_hit_rate": rate},
+            {"spec/history_hit_rate": rate})

@@ -1,142 +1,149 @@
-"""`RolloutGenerator(backend="server", base_url=...)`: rollouts from a running vLLM OpenAI server, the same
-RolloutBatch as the other backends. No vllm import: HTTP with the standard library (server_http.py).
+"""`RolloutGenerator(backend="server", base_url=URL or [URL, ...])`: rollouts from running vLLM OpenAI servers
+(`python -m rollout serve`), the same RolloutBatch as the other backends. Each server is a `Server` (server.py: what
+it serves, its requests, retries, reconnection and reload after a restart); this backend spreads a call over them.
 
-The server: `python -m rollout serve --model FOLDER --speculative-config JSON ...` (rollout/vllm_backend/serve.py),
-or vLLM's own server started by hand with VLLM_SERVER_DEV_MODE=1 and the flags that command prints. With a key
-(`api_key`, else VLLM_API_KEY) every request carries it; the server's gate (vllm_backend/guard.py) refuses requests
-without it, RPCs other than the ones below, and paths outside its folders. The client reads what it needs from the
-server: the served model, its folder and max_model_len from /v1/models; the speculative config, max_num_seqs,
-dtype, logprobs mode and the server's folders from /server_info (dev mode). Local copies of the folders
-(`model`, `draft_model`; default: the server's paths when they exist here) give the tokenizer, EOS ids, the HF
-parameter names that weight loads are checked against, and the drafter refresh's trainable copy.
+Routing. Each prompt's group runs on one server, `route(prompt)`: a stable hash of the prompt's token ids (blake2b of
+their int32 bytes) modulo the number of servers. A prompt's siblings then batch together, and its rollout history
+(method "history") stays on one server across calls, epochs and trainer processes, with no sharing needed; prompts
+spread over the servers as the hash does (64 prompts on 2 servers: 32 +- 4 each, one standard deviation).
 
-Generation: one /v1/completions request per sample (vLLM reports per-request spec-decode metrics only for a
-single prompt with n = 1), all sent at once from a thread pool (the server batches them), token-id prompts, seed
-mix_seed(seed, i, j) for sample j of prompt i, processed logprobs of the sampled tokens. Every sample comes back
-or the call raises a ServerError naming the URL and the sample: nothing is dropped. Acceptance records come from
-each response's `metrics.speculative_decoding` when the server exposes it (--per-request-spec-decode-metrics
-detailed), and the aggregate counts are their sums; without them, the differences of /metrics' spec-decode
-counters across the call, which count every client of the server. `num_steps` is always the latter (engine steps,
-shared by all clients).
+Failover. With several servers, each one a call routes prompts to is probed first (GET /health within
+probe_timeout_s); a server that does not answer, or that becomes unreachable during the call after its own
+reconnection attempts, has its prompts sent to the next server in list order (wrapping around). Nothing is lost:
+the call fails only when no server is left. It warns and names the servers skipped in `stats["skipped_servers"]`;
+`stats["rows_per_server"]` counts the rows each server ran.
 
-Weights (CPU and any server without a GPU weight-transfer engine): the client checks and stages the tensors
-(rollout/weights.py), writes them as one safetensors file under `weights_dir`/<server host_port>/<target|draft> (in
-the server's weights_dir: on another machine, a shared filesystem mounted at the same path), then asks the server to
-load it in place: the target with vLLM's own `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": ...}}`, the
-draft with the worker extension's `reload_draft_weights` (worker.py), then `POST /reset_prefix_cache`. vLLM's
-reload_weights keeps the given path as the model's path in its worker, so a later reload without a path would read
-this folder: the client always passes one. Several trainer processes share one server (`is_shared`): only one of
-them writes its weights, the others wait (trainers/weight_sync.py). If the server restarts (its process start time in
-/metrics changes), the client loads the weights it last loaded again before the next call, and repeats a call
-during which the server restarted.
+Weights. One checkpoint per distinct weights_dir of the servers (one in all when they share a folder), then every
+server reloads once; several trainer processes sharing the servers leave this to one writer (trainers/weight_sync.py).
+A server unreachable during a load is warned about and loads the weights when it is back (its restart is seen).
+Rollout history: `save_rollout_history` merges the servers' histories into one file (their history folders must be
+readable here); `load_rollout_history` gives that file to every server.
 """
 
+import hashlib
 import os
-import tempfile
+import shutil
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from urllib.parse import urlsplit
 
-import torch
-from safetensors.torch import save_file
-from transformers import AutoConfig
+import numpy as np
 
-from rollout.loading import eos_token_ids, generation_config, load_tokenizer
 from rollout.outputs import RolloutBatch
-from rollout.sampling_params import SamplingParams, mix_seed
-from rollout.server_http import ServerClient, ServerError
-from rollout.vllm_common import (CONFIG_KEY, PROPOSER_CLASS, SERVER_KEY, VLLMCommon, acceptance_record,
-                                 counters_from_records, difference, engine_counters, is_inside, make_sample,
-                                 vllm_batch)
-from spec import SpecConfig
+from rollout.sampling_params import SamplingParams
+from rollout.server import Server, ServerRollouts
+from rollout.server_http import ServerError, ServerUnreachable
+from rollout.vllm_common import VLLMCommon, vllm_batch
+from spec.proposers.history import HistoryStore
 
-_SPEC_KEYS = ("method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size")
-_START_TIME = "process_start_time_seconds"
+
+def route(prompt_ids, num_servers: int) -> int:
+    """The server index of a prompt: stable across processes, runs and Python versions."""
+    digest = hashlib.blake2b(np.asarray(prompt_ids, dtype=np.int32).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % num_servers
 
 
 class ServerBackend(VLLMCommon):
-    """A vLLM server at base_url.
+    """base_url: one server's URL, or a list of them (all serving the same model and speculative config).
 
-    model, draft_model: local copies of the server's model folders (default: its own paths, if they exist here).
+    model, draft_model: local copies of the servers' model folders (default: their own paths, if they exist here).
     tokenizer: used for EOS ids when no model folder is local (RolloutGenerator loads it for prompts).
-    weights_dir: where weight loads write their checkpoint; the server must read the same path, inside the
-        server's `--weights-dir` (default: the server's weights_dir, read from it, when that path exists here).
-    api_key: the server's key (default: VLLM_API_KEY from the environment; None where it is not set either), sent
+    weights_dir: where weight loads write their checkpoints, a folder inside each server's `--weights-dir` (default:
+        each server's weights_dir, read from it, when that path exists here).
+    api_key: the servers' key (default: VLLM_API_KEY from the environment; None where it is not set either), sent
         with every request.
     request_timeout_s: the longest wait for one answer; reconnect_s: how long a request retries a connection that
-        cannot be made (server down or restarting); max_concurrency: requests in flight at most. A seeded call
-        repeats its draws only where its requests batch the same way on the server (a per-batch-size schedule's K
-        decides how many random draws verification takes): max_concurrency=1 makes that so, at a cost in speed.
+        cannot be made (server down or restarting); max_concurrency: requests in flight per server at most. A seeded
+        call repeats its draws only where its requests batch the same way on the server (a per-batch-size schedule's
+        K decides how many random draws verification takes): max_concurrency=1 makes that so, at a cost in speed.
+    probe_timeout_s: with several servers, how long a server may take to answer /health before its prompts go to
+        the next one.
     """
 
-    is_shared = True  # several trainer processes may share the server: one of them writes weights
+    is_shared = True  # several trainer processes may share the servers: one of them writes weights
 
-    def __init__(self, base_url: str, *, model=None, draft_model=None, tokenizer=None, weights_dir=None,
+    def __init__(self, base_url, *, model=None, draft_model=None, tokenizer=None, weights_dir=None,
                  api_key: str | None = None, request_timeout_s: float = 600.0, reconnect_s: float = 120.0,
-                 max_concurrency: int = 256):
-        api_key = os.environ.get("VLLM_API_KEY") or None if api_key is None else api_key
-        self.client = ServerClient(base_url, request_timeout_s, reconnect_s, api_key)
-        self.base_url = self.client.base_url
-        self.max_concurrency = max_concurrency
-        served = self._served_model()
-        self.served_model_name, self.max_model_len = served["id"], served["max_model_len"]
-        info = self._server_info()
-        vllm_config = info["vllm_config"]
-        self.config = _spec_config(vllm_config.get("speculative_config"), vllm_config.get("additional_config"),
-                                   self.client.base_url)
-        self.num_spec_tokens = 0 if self.config is None else self.config.num_speculative_tokens
-        self.max_num_seqs = vllm_config["scheduler_config"]["max_num_seqs"]
-        self.dtype = getattr(torch, vllm_config["model_config"]["dtype"].removeprefix("torch."))
-        self.has_request_metrics = vllm_config["observability_config"]["per_request_spec_decode_metrics"] == "detailed"
-        _check_logprobs_mode(vllm_config["model_config"]["logprobs_mode"], self.client.base_url)
-        self.model_path = self.target_source = _local_copy(model, served.get("root") or served["id"], "model")
-        server_draft = self.config.model if self.config is not None and self.config.method == "draft_model" else None
-        self.draft_path = _local_copy(draft_model, server_draft, "draft_model") if server_draft else None
-        self.eos_token_ids = _eos_ids(self.model_path, tokenizer, self.client.base_url)
-        self.server_folders = info.get(SERVER_KEY) or {}  # the server's weights_dir and history_dir (guard.py)
-        self.weights_dir = _weights_dir(weights_dir, self.server_folders.get("weights_dir"), self.client.base_url)
-        self._loaded: dict[str, str] = {}  # role -> the checkpoint folder it was last loaded from
-        self._server_start = self._start_time(self.client.metrics())
+                 max_concurrency: int = 256, probe_timeout_s: float = 5.0):
+        urls = _urls(base_url)
+        api_key = (os.environ.get("VLLM_API_KEY") or None) if api_key is None else api_key
+        self.servers = [Server(url, model=model, draft_model=draft_model, tokenizer=tokenizer, weights_dir=weights_dir,
+                               api_key=api_key, request_timeout_s=request_timeout_s, reconnect_s=reconnect_s,
+                               max_concurrency=max_concurrency) for url in urls]
+        first = self.servers[0]
+        _check_alike(self.servers)
+        self.config, self.max_model_len, self.dtype = first.config, first.max_model_len, first.dtype
+        self.max_num_seqs = sum(s.max_num_seqs for s in self.servers)
+        self.eos_token_ids, self.model_path, self.draft_path = first.eos_token_ids, first.model_path, first.draft_path
+        self.target_source = self.model_path
+        self.base_url = ",".join(s.base_url for s in self.servers)  # one writer per set of servers
+        self.probe_timeout_s = probe_timeout_s
 
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams, seed: int,
-                 decode=None, use_tqdm: bool = False, num_restarts_left: int = 2) -> RolloutBatch:
-        """num_generations samples per prompt, in input order; sample j of prompt i draws from mix_seed(seed, i, j).
-        A call during which the server restarted runs again (num_restarts_left times), on the weights last loaded."""
+                 decode=None, use_tqdm: bool = False) -> RolloutBatch:
+        """num_generations samples per prompt, in input order; sample j of prompt i draws from mix_seed(seed, i, j)
+        on whichever server runs it."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params={params!r}: backend='server' takes rollout.SamplingParams")
-        keys = [(i, j) for i in range(len(prompt_ids)) for j in range(num_generations)]
-        bodies = [self._body(prompt_ids[i], params, mix_seed(seed, i, j)) for i, j in keys]
-        before = self._restore_after_restart(self.client.metrics())
         start = time.perf_counter()
-        with ThreadPoolExecutor(max(1, min(len(bodies), self.max_concurrency))) as pool:
-            responses = list(pool.map(self._complete, bodies, keys))
-        elapsed = time.perf_counter() - start
-        after = self.client.metrics()
-        if self._start_time(after) != self._server_start:
-            if num_restarts_left == 0:
-                raise ServerError(f"the server at {self.client.base_url} restarted during every try of this call")
-            return self.generate(prompt_ids, num_generations, params, seed, decode, use_tqdm, num_restarts_left - 1)
-        records = [_record(r, self.num_spec_tokens) for r in responses]
-        samples = [make_sample(i, j, prompt_ids[i], *_completion(r), record, decode, self.client.base_url)
-                   for (i, j), r, record in zip(keys, responses, records)]
-        counters = difference(self._counters(after), self._counters(before))
-        if self.has_request_metrics:
-            counters.update(counters_from_records(records, self.num_spec_tokens))
-        return vllm_batch(samples, records, counters, elapsed)
+        down = self._probe(prompt_ids)
+        pending = self._assign(range(len(prompt_ids)), [route(p, len(self.servers)) for p in prompt_ids], down)
+        parts: list[tuple[int, ServerRollouts]] = []
+        while pending:
+            failed = self._run(pending, prompt_ids, num_generations, params, seed, decode, parts)
+            down |= set(failed)
+            pending = self._assign([k for i in failed for k in pending[i]], [i for i in failed for _ in pending[i]],
+                                   down)
+        return self._batch(parts, time.perf_counter() - start, down)
 
     def load_weights(self, named_tensors) -> int:
-        """Check and stage the target's weights, write them under weights_dir, have the server reload them in place
-        (vLLM's reload_weights), drop its prefix cache. All or nothing up to the server's reload."""
-        folder, num_given = self._write("target", named_tensors)
-        self._reload("target", folder)
-        return num_given
+        """Check and stage the target's weights once, write a checkpoint per distinct weights_dir, have every server
+        reload it in place (vLLM's reload_weights) and drop its prefix cache. All or nothing up to the reloads."""
+        return self._load("target", named_tensors)
 
     def load_draft_weights(self, named_tensors) -> int:
         """Likewise for the draft model (the worker extension's reload_draft_weights)."""
-        folder, num_given = self._write("draft", named_tensors)
-        self._reload("draft", folder)
-        return num_given
+        return self._load("draft", named_tensors)
+
+    def add_rollout_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> bool:
+        """Each rollout to the history of the server its prompt routes to."""
+        if not self._keeps_history():
+            return False
+        shares: dict[int, list[int]] = {}
+        for k, prompt in enumerate(prompt_ids):
+            shares.setdefault(route(prompt, len(self.servers)), []).append(k)
+        for i, ks in shares.items():
+            self.servers[i].rpc("add_rollout_history", {"prompt_ids": [prompt_ids[k] for k in ks],
+                                                        "completion_ids": [completion_ids[k] for k in ks]},
+                                f"add {len(ks)} rollouts to the history")
+        return True
+
+    def save_rollout_history(self, path) -> bool:
+        """Every server's history, merged into one file at `path`."""
+        if not self._keeps_history():
+            return False
+        merged = HistoryStore(self.config.history_max_rollouts_per_prompt, self.config.history_max_tokens)
+        for server in self.servers:
+            part = server.history_file()
+            server.rpc("save_rollout_history", {"path": part}, f"save the rollout history to {part}")
+            merged.update(_read_history(part, merged))
+        merged.save(path)
+        return True
+
+    def load_rollout_history(self, path) -> bool:
+        """Every server loads the history at `path` (checked here first: ValueError, every server's history
+        unchanged, for a file that is not a complete history for this model)."""
+        if not self._keeps_history():
+            return False
+        HistoryStore().load(path, vocab_size=self._vocab_size())
+        for server in self.servers:
+            part = server.history_file()
+            shutil.copyfile(path, part)
+            try:
+                server.rpc("load_rollout_history", {"path": part}, f"load the rollout history from {part}")
+            finally:
+                os.remove(part)
+        return True
 
     def use_schedule(self, schedule: list[list[int]]) -> None:
         raise NotImplementedError("backend='server' runs the schedule the server was started with; restart it with "
@@ -146,162 +153,126 @@ class ServerBackend(VLLMCommon):
         raise NotImplementedError("step times are measured on an engine in this process: run rollout tune --backend "
                                   "vllm with the server's model and drafter, then restart the server with the schedule")
 
-    def _body(self, prompt: list[int], params: SamplingParams, seed: int) -> dict:
-        stop_ids = sorted(self.eos_token_ids | set(params.stop_token_ids or ()))
-        return {"model": self.served_model_name, "prompt": list(prompt), "max_tokens": params.max_tokens,
-                "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": seed,
-                "n": 1, "logprobs": 0, "stop_token_ids": stop_ids, "return_token_ids": True,
-                "return_tokens_as_token_ids": True, "skip_special_tokens": False}
+    def _probe(self, prompt_ids: list[list[int]]) -> set[int]:
+        """The servers this call routes prompts to that do not answer /health (none probed with one server: its own
+        reconnection attempts apply)."""
+        if len(self.servers) == 1:
+            return set()
+        routed = {route(p, len(self.servers)) for p in prompt_ids}
+        return {i for i in routed if not self.servers[i].client.is_up(self.probe_timeout_s)}
 
-    def _complete(self, body: dict, key: tuple[int, int]) -> dict:
-        return self.client.post("/v1/completions", body, f"sample {key[1]} of prompt {key[0]}, "
-                                                         f"{len(body['prompt'])} prompt tokens")
+    def _assign(self, prompts, servers, down: set[int]) -> dict[int, list[int]]:
+        """server index -> the prompt indices it runs: each prompt on its server, or the next one up."""
+        assigned: dict[int, list[int]] = {}
+        for k, i in zip(prompts, servers):
+            assigned.setdefault(self._next_up(i, down), []).append(k)
+        return assigned
 
-    def _write(self, role: str, named_tensors) -> tuple[str, int]:
-        """Stage the tensors against the role's folder (VLLMCommon.stage), then write
-        <weights_dir>/<role>/model.safetensors (a temporary file renamed into place); (the folder written, the number
-        of tensors given)."""
+    def _next_up(self, i: int, down: set[int]) -> int:
+        for step in range(len(self.servers)):
+            j = (i + step) % len(self.servers)
+            if j not in down:
+                return j
+        raise ServerError(f"no server is reachable: {', '.join(s.base_url for s in self.servers)} (is python -m "
+                          "rollout serve running there?)")
+
+    def _run(self, pending: dict[int, list[int]], prompt_ids, num_generations, params, seed, decode,
+             parts: list) -> list[int]:
+        """Each server's share, at once; results appended to `parts`; the servers that became unreachable (with
+        one server, its error is raised)."""
+        with ThreadPoolExecutor(len(pending)) as pool:
+            futures = {i: pool.submit(self.servers[i].rollouts, [prompt_ids[k] for k in ks], ks, num_generations,
+                                      params, seed, decode) for i, ks in pending.items()}
+        failed = []
+        for i, future in futures.items():
+            try:
+                parts.append((i, future.result()))
+            except ServerUnreachable:
+                if len(self.servers) == 1:
+                    raise
+                failed.append(i)
+        return failed
+
+    def _batch(self, parts: list[tuple[int, ServerRollouts]], elapsed: float, down: set[int]) -> RolloutBatch:
+        pairs = sorted(((s, r) for _, part in parts for s, r in zip(part.samples, part.records)),
+                       key=lambda pair: (pair[0].prompt_index, pair[0].sample_index))
+        drafters = [part.drafter for _, part in parts if part.drafter is not None]
+        batch = vllm_batch([s for s, _ in pairs], [r for _, r in pairs], _sum([p.counters for _, p in parts]),
+                           elapsed, _sum(drafters) if drafters else None)
+        rows = {s.base_url: 0 for s in self.servers}
+        for i, part in parts:
+            rows[self.servers[i].base_url] += len(part.samples)
+        skipped = [self.servers[i].base_url for i in sorted(down)]
+        if skipped:
+            warnings.warn(f"servers skipped (down): {skipped}; their prompts ran on the next server in order",
+                          RuntimeWarning, stacklevel=3)
+        batch.stats.update(rows_per_server=rows, skipped_servers=skipped)
+        return batch
+
+    def _load(self, role: str, named_tensors) -> int:
         staged, num_given = self.stage("target" if role == "target" else "draft model", named_tensors)
-        if self.weights_dir is None and self.server_folders.get("weights_dir"):
-            raise ValueError(f"the weights_dir of the server at {self.base_url}, {self.server_folders['weights_dir']}, "
-                             "is not on this machine: mount it here at the same path, or pass server_kwargs="
-                             "{'weights_dir': <a folder inside it, as mounted here>}")
-        if self.weights_dir is None:  # a server started without python -m rollout serve: no folder of its own
-            self.weights_dir = Path(tempfile.mkdtemp(prefix="spec-rollouts-weights-"))
-        out = self.weights_dir / urlsplit(self.base_url).netloc.replace(":", "_") / role  # a folder per server
-        out.mkdir(parents=True, exist_ok=True)
-        partial = out / f".model.safetensors.{os.getpid()}.partial"
-        save_file({name: tensor.contiguous() for name, tensor in staged}, str(partial), metadata={"format": "pt"})
-        os.replace(partial, out / "model.safetensors")
-        return str(out), num_given
+        written: dict = {}  # a server's weights_dir -> the checkpoint folder written there
+        for server in self.servers:
+            if server.weights_dir is None or server.weights_dir not in written:
+                written[server.weights_dir] = server.write(role, staged)  # sets weights_dir where it was None
+        with ThreadPoolExecutor(len(self.servers)) as pool:
+            futures = [pool.submit(self._reload, s, role, written[s.weights_dir]) for s in self.servers]
+        for future in futures:
+            future.result()
+        return num_given
 
-    def _reload(self, role: str, folder: str) -> None:
-        method = "reload_weights" if role == "target" else "reload_draft_weights"
-        self._rpc(method, {"weights_path": folder}, f"load the {role}'s weights from {folder}")
-        if role == "target":
-            self._rpc("repack_tied_lm_head", {}, "re-pack a tied lm_head (vLLM's CPU build)", optional=True)
-        self.client.post("/reset_prefix_cache", None, f"drop the prefix cache after loading the {role}")
-        self._loaded[role] = folder
-
-    def _rpc(self, method: str, kwargs: dict, what: str, optional: bool = False) -> None:
-        """POST /collective_rpc; a method the server lacks is an error naming the worker extension, unless
-        `optional` (then the server is one started by hand without it, where only the CPU build needs it)."""
+    def _reload(self, server: Server, role: str, folder: str) -> None:
         try:
-            self.client.post("/collective_rpc", {"method": method, "kwargs": kwargs}, what)
-        except ServerError as e:
-            if "has no attribute" not in str(e):
+            server.reload(role, folder)
+        except ServerUnreachable:
+            if len(self.servers) == 1:
                 raise
-            if not optional:
-                raise ServerError(f"{e}\nThe server has no {method} method: start it with python -m rollout serve, "
-                                  "or add --worker-extension-cls rollout.vllm_backend.worker.WorkerExtension") from None
+            warnings.warn(f"the server at {server.base_url} is unreachable: it loads the {role}'s weights when it is "
+                          "back", RuntimeWarning, stacklevel=2)
 
-    def _restore_after_restart(self, metrics: dict) -> dict:
-        """metrics, after loading the last weights again if the server restarted since they were loaded."""
-        start = self._start_time(metrics)
-        if start == self._server_start:
-            return metrics
-        self._server_start = start
-        for role, folder in self._loaded.items():
-            self._reload(role, folder)
-        return self.client.metrics()
+    def _keeps_history(self) -> bool:
+        return self.config is not None and self.config.method == "history"
 
-    def _counters(self, metrics: dict) -> dict:
-        """The engine counters in /metrics' text form: `name_total{labels}` for counters, `name_count{labels}` for
-        the step histogram's observations."""
-        readings = []
-        for key, value in metrics.items():
-            name, _, labels = key.partition("{")
-            base = name.removesuffix("_total") if name.endswith("_total") else name.removesuffix("_count")
-            position = int(labels.split('position="')[1].split('"')[0]) if 'position="' in labels else None
-            readings.append((base, position, value))
-        return engine_counters(readings, self.num_spec_tokens)
-
-    def _served_model(self) -> dict:
-        models = self.client.get("/v1/models", "the served model").get("data") or []
-        if len(models) != 1:
-            raise ServerError(f"GET {self.client.base_url}/v1/models lists {len(models)} models; the server backend "
-                              "needs a server with exactly one")
-        return models[0]
-
-    def _server_info(self) -> dict:
-        try:
-            return self.client.get("/server_info?config_format=json", "the server's engine config")
-        except ServerError as e:
-            if "HTTP 404" in str(e):
-                raise ServerError(f"{e}\nThe server is not in dev mode: start it with VLLM_SERVER_DEV_MODE=1 (python "
-                                  "-m rollout serve sets it); the client reads the speculative config from "
-                                  "/server_info and loads weights through /collective_rpc") from None
-            raise
-
-    @staticmethod
-    def _start_time(metrics: dict) -> float | None:
-        return metrics.get(_START_TIME)
+    def _vocab_size(self) -> int | None:
+        if self.model_path is None:
+            return None
+        from transformers import AutoConfig
+        return AutoConfig.from_pretrained(self.model_path, local_files_only=True).get_text_config().vocab_size
 
 
-def _spec_config(spec: dict | None, additional: dict | None, base_url: str) -> SpecConfig | None:
-    """The server's speculative config: this project's own (additional_config[CONFIG_KEY]) where the server runs the
-    project's proposer class, else the keys of vLLM's that this package reads."""
-    if not spec:
-        return None
-    if spec.get("method") == "custom_class" and spec.get("model") == PROPOSER_CLASS:
-        config = (additional or {}).get(CONFIG_KEY)
-    else:
-        config = {key: spec[key] for key in _SPEC_KEYS if spec.get(key) is not None}
+def _urls(base_url) -> list[str]:
+    urls = [base_url] if isinstance(base_url, str) else list(base_url) if isinstance(base_url, (list, tuple)) else []
+    if not urls or len(set(urls)) != len(urls) or not all(isinstance(u, str) for u in urls):
+        raise ValueError(f"base_url={base_url!r}: expected a server's URL or a list of distinct URLs, e.g. "
+                         "['http://server0:8000', 'http://server1:8000']")
+    return urls
+
+
+def _check_alike(servers: list[Server]) -> None:
+    """ValueError unless every server serves what the first does (a prompt may run on any of them)."""
+    first = servers[0]
+    for server in servers[1:]:
+        for field in ("served_model_name", "config", "max_model_len", "dtype"):
+            if getattr(server, field) != getattr(first, field):
+                raise ValueError(f"base_url: the servers differ in {field} ({first.base_url}: "
+                                 f"{getattr(first, field)!r}, {server.base_url}: {getattr(server, field)!r}); start "
+                                 "every server with the same model and speculative config")
+
+
+def _sum(dicts: list[dict]) -> dict:
+    """Key-wise sums of counter dicts (lists element-wise)."""
+    total = dicts[0]
+    for other in dicts[1:]:
+        total = {k: [a + b for a, b in zip(v, other[k])] if isinstance(v, list) else v + other[k]
+                 for k, v in total.items()}
+    return total
+
+
+def _read_history(path: str, like: HistoryStore) -> HistoryStore:
+    """The history at `path` (a server's, removed once read), with `like`'s bounds."""
+    store = HistoryStore(like.max_rollouts_per_prompt, like.max_tokens)
     try:
-        return SpecConfig.from_dict(config)
-    except ValueError as e:
-        raise ValueError(f"the speculative config of the server at {base_url} ({config}) is not one this package "
-                         f"reads: {e}") from None
-
-
-def _weights_dir(given, server_dir: str | None, base_url: str) -> Path | None:
-    """Where weight loads write: `given` (it must lie inside the server's weights_dir, which is all the server
-    loads from), else the server's weights_dir when it exists here, else None."""
-    if given is None:
-        return Path(server_dir) if server_dir and Path(server_dir).is_dir() else None
-    if server_dir and not is_inside(os.fspath(given), server_dir):
-        raise ValueError(f"weights_dir={str(given)!r} is not inside the weights_dir of the server at {base_url} "
-                         f"({server_dir}), the one folder it loads weights from: pass a folder inside it (on another "
-                         "machine: the same path, shared), or start the server with --weights-dir "
-                         f"{str(given)!r}")
-    return Path(given)
-
-
-def _check_logprobs_mode(mode: str, base_url: str) -> None:
-    if mode != "processed_logprobs":
-        raise ValueError(f"the server at {base_url} returns logprobs_mode={mode!r}; a trainer needs the processed "
-                         "distribution's: restart it with --logprobs-mode processed_logprobs (python -m rollout "
-                         "serve sets it)")
-
-
-def _local_copy(given, server_path: str, field: str) -> str | None:
-    """The local folder for `field`: the one given (it must exist), else the server's path if it exists here."""
-    if given is not None:
-        if not isinstance(given, (str, Path)) or not Path(given).is_dir():
-            raise ValueError(f"{field}={given!r}: expected a local copy of the server's {field} folder")
-        return str(given)
-    return server_path if server_path and Path(server_path).is_dir() else None
-
-
-def _eos_ids(model_path: str | None, tokenizer, base_url: str) -> set[int]:
-    if model_path is not None:
-        return eos_token_ids(generation_config(model_path), AutoConfig.from_pretrained(model_path,
-                                                                                       local_files_only=True))
-    if isinstance(tokenizer, (str, Path)):
-        tokenizer = load_tokenizer(None, tokenizer)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if eos is None:
-        raise ValueError(f"the model folder of the server at {base_url} is not on this machine, so its EOS ids are "
-                         "unknown: pass model=<a local copy of the folder> or a tokenizer object with eos_token_id")
-    return {eos}
-
-
-def _record(response: dict, num_spec_tokens: int):
-    metrics = ((response.get("metrics") or {}).get("speculative_decoding")) or {}
-    return acceptance_record(metrics.get("per_step_drafted"), metrics.get("per_step_accepted"), num_spec_tokens)
-
-
-def _completion(response: dict) -> tuple[list[int], list[float] | None, str | None]:
-    choice = response["choices"][0]
-    logprobs = choice.get("logprobs") or {}
-    return choice.get("token_ids") or [], logprobs.get("token_logprobs"), choice.get("finish_reason")
+        store.load(path)
+    finally:
+        os.remove(path)
+    return store

@@ -23,6 +23,11 @@ class ServerError(RuntimeError):
     """A request to the server failed; the message names the URL, the request and the server's answer."""
 
 
+class ServerUnreachable(ServerError):
+    """No connection to the server could be made, or kept, for reconnect_s: it is down (another server can take
+    its requests)."""
+
+
 class ServerClient:
     """base_url: e.g. "http://127.0.0.1:8000". timeout_s: the longest wait for one answer. reconnect_s: how long a
     request keeps retrying a connection that cannot be made or breaks. api_key: the server's key (None: none)."""
@@ -61,11 +66,19 @@ class ServerClient:
                                   "may be overloaded or stuck") from None
             except (urllib.error.URLError, ConnectionError, http.client.HTTPException) as e:
                 if time.monotonic() + wait > deadline:
-                    raise ServerError(f"{label}: cannot reach the server for {self.reconnect_s:.0f} s ({e}); is it "
+                    raise ServerUnreachable(f"{label}: cannot reach the server for {self.reconnect_s:.0f} s ({e}); is it "
                                       "running? (python -m rollout serve --model FOLDER ... starts one)") from None
                 time.sleep(wait)
                 wait = min(2 * wait, _BACKOFF_S[1])
                 self.num_reconnects += 1
+
+    def is_up(self, timeout_s: float) -> bool:
+        """Whether GET /health answers 200 within timeout_s (one try, no reconnection)."""
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=timeout_s) as response:
+                return response.status == 200
+        except (OSError, http.client.HTTPException):  # URLError, HTTPError, timeouts and resets are OSErrors
+            return False
 
     def metrics(self) -> dict[str, float]:
         """/metrics as {name + labels: value} for every sample line (Prometheus text format)."""

@@ -19,7 +19,7 @@ from typing import Iterable
 import torch
 from transformers import AutoModelForCausalLM
 
-from rollout.outputs import RolloutBatch, Sample, build_batch
+from rollout.outputs import RolloutBatch, Sample, build_batch, history_stats
 from rollout.weights import no_draft_model, parameter_skeleton, stage_weights
 from spec import AcceptanceStats, RequestAcceptance, SpecConfig
 
@@ -77,6 +77,9 @@ class VLLMCommon:
 
     load_rollout_history = save_rollout_history
 
+    def add_rollout_history(self, prompt_ids, completion_ids) -> bool:
+        return False
+
 
 def is_inside(path, folder: str | None) -> bool:
     """Whether `path` (a non-empty string), with `..` and symlinks resolved, is `folder` or lies below it."""
@@ -125,12 +128,12 @@ def vllm_batch(samples: list[Sample], records: list[RequestAcceptance], counters
         stats.add(record)
     for name in COUNTED:
         setattr(stats.total, name, counters[name])
-    extra, metrics = {}, {}
+    extra, metrics = history_stats(drafter)
     if drafter is not None:
-        extra = {"drafter_seconds": drafter["seconds"], "num_drafter_faults": drafter["num_faults"],
-                 "num_proposed_draft_tokens": drafter["num_draft_tokens"]}
-        metrics = {"spec/drafter_time_fraction": drafter["seconds"] / max(elapsed, 1e-9),
-                   "spec/num_drafter_faults": float(drafter["num_faults"])}
+        extra.update(drafter_seconds=drafter["seconds"], num_drafter_faults=drafter["num_faults"],
+                     num_proposed_draft_tokens=drafter["num_draft_tokens"])
+        metrics.update({"spec/drafter_time_fraction": drafter["seconds"] / max(elapsed, 1e-9),
+                        "spec/num_drafter_faults": float(drafter["num_faults"])})
     return build_batch(samples, stats, num_row_steps=sum(map(_num_row_steps, samples)),
                        num_steps=counters["num_steps"], elapsed=elapsed, stats=extra, metrics=metrics)
 

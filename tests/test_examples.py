@@ -95,6 +95,25 @@ def test_bench_epochs_vllm(tmp_path):
     assert_bench_epochs_ran(stdout, tmp_path, arms)
 
 
+SHARING = ["examples/bench_sharing.py", "--epochs", "2", "--num-problems", "4", "--prompts-per-step", "2",
+           "--num-generations", "2", "--max-completion-length", "16"]
+
+
+def test_bench_sharing(tmp_path):
+    run([sys.executable, *SHARING, "--arms", "hist8_1p,hist8_2p", "--output-dir", tmp_path])
+    results = json.loads((tmp_path / "bench_sharing.json").read_text())
+    assert [len(results["results"][a]["epochs"]) for a in ("hist8_1p", "hist8_2p")] == [2, 2]
+    assert "mean_acceptance_length hist8_2p / hist8_1p" in results["ratios"] and (tmp_path / "bench_sharing.png").exists()
+
+
+@require_vllm
+def test_bench_sharing_vllm_and_two_servers(tmp_path):
+    run([sys.executable, *SHARING, "--arms", "vllm_default_2p,server2_default_2p", "--vllm-python", sys.executable,
+         "--output-dir", tmp_path])
+    results = json.loads((tmp_path / "bench_sharing.json").read_text())["results"]
+    assert all(len(results[a]["epochs"]) == 2 for a in ("vllm_default_2p", "server2_default_2p"))
+
+
 def test_bench_speculation(tmp_path):
     stdout = run([sys.executable, "examples/bench_speculation.py", "--batch-sizes", "1,2", "--repeats", "1",
                   "--min-repeats", "1", "--warmup", "1", "--confirm-repeats", "1", "--max-tokens", "16",

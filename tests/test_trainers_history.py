@@ -42,7 +42,7 @@ def checkpointed(tmp_path_factory):
 
 def test_the_history_is_saved_with_each_checkpoint(checkpointed):
     output_dir, expected = checkpointed
-    path = history_path(output_dir, 1, 0)
+    path = history_path(output_dir, 1)
     assert path.exists()
     store = HistoryStore()
     store.load(path)
@@ -68,7 +68,7 @@ def test_a_lost_history_warns_and_the_run_goes_on(checkpointed, tmp_path, damage
     import shutil
     output_dir = tmp_path / "copy"
     shutil.copytree(checkpointed[0] / "checkpoint-1", output_dir / "checkpoint-1")
-    damage(history_path(output_dir, 1, 0))
+    damage(history_path(output_dir, 1))
     resumed = _generator()
     with pytest.warns(RuntimeWarning, match=message):
         trainer = _train(output_dir, resumed, max_steps=2, resume=str(output_dir / "checkpoint-1"))

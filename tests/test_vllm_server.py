@@ -74,9 +74,9 @@ def test_the_client_reads_the_server_and_its_tuned_schedule(client, tuned, pair,
 def test_samples_in_order_with_the_targets_processed_logprobs(client, pair):
     """Sampled with top-k and top-p: the server's worker has the CPU sampler fix (worker extension)."""
     params = SamplingParams(temperature=0.8, top_k=10, top_p=0.9, max_tokens=16)
-    before = client.backend.client.metrics()
+    before = client.backend.servers[0].client.metrics()
     batch = client.generate(default_prompts(3), 2, params, use_tqdm=False)
-    after = client.backend.client.metrics()
+    after = client.backend.servers[0].client.metrics()
     assert [(s.prompt_index, s.sample_index) for s in batch.samples] == [(i, j) for i in range(3) for j in range(2)]
     model = _hf(pair["target"])
     for sample in batch.samples:

@@ -107,7 +107,7 @@ def test_the_client_needs_the_key_and_says_how_to_pass_it(server, monkeypatch):
     with pytest.raises(ServerError, match=r"(?s)/v1/models.*HTTP 401.*wants an API key"):
         RolloutGenerator(backend="server", base_url=server.url)
     client = RolloutGenerator(**server.client_kwargs)
-    assert client.backend.weights_dir == server.root / "weights"  # the server's own folder, read from it
+    assert client.backend.servers[0].weights_dir == server.root / "weights"  # the server's own folder, read from it
     with pytest.raises(ValueError, match="is not inside the weights_dir of the server"):
         RolloutGenerator(backend="server", base_url=server.url,
                          server_kwargs={"api_key": server.api_key, "weights_dir": str(server.root / "elsewhere")})

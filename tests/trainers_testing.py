@@ -22,17 +22,18 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experi
 VOCAB_SIZE, EOS = 28, 2  # the default pair's character tokenizer
 NUM_SPECULATIVE_TOKENS = 3
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
+          "--mixed_precision", "no", "--dynamo_backend", "no", "--num_processes"]  # then the number
 
 
-def accelerate_launch(script: Path, *args: str, timeout: int = 900,
-                      env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`script args` on two CPU processes (the command in CONTEXT.md and the README), tests/ and the project on
-    PYTHONPATH, `env` added; asserts a zero exit status, with the output's tail as the message."""
+def accelerate_launch(script: Path, *args: str, timeout: int = 900, env: dict[str, str] | None = None,
+                      num_processes: int = 2) -> subprocess.CompletedProcess:
+    """`script args` on num_processes CPU processes (the command in CONTEXT.md and the README), tests/ and the
+    project on PYTHONPATH, `env` added; asserts a zero exit status, with the output's tail as the message."""
     env = {**os.environ, **(env or {}), "ACCELERATE_USE_CPU": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([*LAUNCH, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run([*LAUNCH, str(num_processes), str(script), *args], env=env, capture_output=True,
+                            text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

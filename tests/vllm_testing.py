@@ -55,15 +55,16 @@ def hf_logprobs(model, prompt: list[int], completion: list[int], params: Samplin
 
 
 class Server:
-    """`python -m rollout serve ARGS` in its own process group, at a free port on 127.0.0.1, with a new API key
-    (`api_key`, given to the server in VLLM_API_KEY; clients pass `client_kwargs`); `stop()` ends the group and
+    """`python -m rollout serve ARGS` in its own process group, at a free port on 127.0.0.1, with an API key
+    (`api_key`, a new one unless given, handed to the server in VLLM_API_KEY; clients pass `client_kwargs`); `stop()` ends the group and
     removes the /dev/shm files its processes left."""
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 api_key: str | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.api_key = secrets.token_urlsafe(16)
+        self.api_key = api_key or secrets.token_urlsafe(16)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_API_KEY": self.api_key, **(env or {}),
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         self.shm_before = set(os.listdir("/dev/shm"))

@@ -8,13 +8,19 @@ around them.
 `rollout_func(prompts, trainer)` checks the call (rollout_func.py); then, before the rollout, the policy's weights
 are copied into the generator's target when `global_step` changed (weight_sync.py), and on the first rollout TRL's
 importance-sampling correction is switched on for the rollout logprobs if the GRPOConfig asks for it
-(importance_sampling.py). After each rollout: the acceptance metrics go into the trainer's logs (metrics.py) and the
-rollouts into the drafter refresh's collection. At the end of every `drafter_refresh_steps`-th optimizer step the draft model is distilled
-toward the policy on them and loaded into the generator's drafter (drafter_refresh.py); the mean KL is logged with the
-next rollout's metrics as `spec/drafter_refresh_kl`. Trainer processes sharing one server (`generator.is_shared`) share
-its drafter: the server's writer process (weight_sync.py) refreshes it on its own rollouts, and the next weight
-sync's barrier holds the others until it is loaded. A drafter's rollout history (method "history") is saved with
-each trainer checkpoint and restored on resume (history_checkpoint.py).
+(importance_sampling.py). After each rollout: the acceptance metrics go into the trainer's logs (metrics.py); with
+a drafter that keeps a rollout history (method "history") on several processes, every process's rollouts reach
+every process's history (`generator.share_rollout_history`, one all-gather, after the metrics' gather has lined the
+processes up; `share_history=False` turns it off), so that a prompt drafts from all its earlier rollouts whichever
+process TRL hands it next epoch (`spec/history_hit_rate`: the share of requests whose prompt had history;
+`spec/history_share_s`: the sharing's time, logged with the next rollout's metrics); and the rollouts go into the
+drafter refresh's collection. At the end of every `drafter_refresh_steps`-th
+optimizer step the draft model is distilled toward the policy on them and loaded into the generator's drafter
+(drafter_refresh.py); the mean KL is logged with the next rollout's metrics as `spec/drafter_refresh_kl`. Trainer
+processes sharing servers (`generator.is_shared`) share their drafter: the servers' writer process (weight_sync.py)
+refreshes it on its own rollouts, and the next weight sync's barrier holds the others until it is loaded. The
+rollout history is saved with each trainer checkpoint, one file for the job, and every process (or the servers)
+restores it on resume (history_checkpoint.py).
 """
 
 from transformers import TrainerCallback
@@ -30,11 +36,15 @@ from trainers.weight_sync import WeightSync, zero_stage
 
 class SpecRolloutCallback(TrainerCallback):
     """drafter_refresh_steps: refresh the draft model every this many optimizer steps (None: never);
-    drafter_learning_rate: its AdamW learning rate."""
+    drafter_learning_rate: its AdamW learning rate; share_history: share each rollout with the other processes'
+    rollout histories (module docstring)."""
 
     def __init__(self, generator: RolloutGenerator, *, drafter_refresh_steps: int | None = None,
-                 drafter_learning_rate: float = 1e-4):
+                 drafter_learning_rate: float = 1e-4, share_history: bool = True):
+        if not isinstance(share_history, bool):
+            raise ValueError(f"share_history={share_history!r}: must be True or False")
         self.generator = generator
+        self.share_history = share_history
         self.weight_sync = WeightSync(generator)
         self.drafter_refresh = None if drafter_refresh_steps is None else DrafterRefresh(
             generator, every_n_steps=drafter_refresh_steps, learning_rate=drafter_learning_rate)
@@ -68,6 +78,9 @@ class SpecRolloutCallback(TrainerCallback):
         num_positions = 0 if config is None else config.num_speculative_tokens
         self.last_metrics = log_rollout_metrics(trainer, batch, num_positions, extra=self._pending)
         self._pending = {}
+        if self.share_history and self.generator.keeps_rollout_history:  # the metrics' gather has synced the processes:
+            # the share's time is its own, not a wait for the slowest rollout; it is logged with the next rollout's
+            self._pending["spec/history_share_s"] = self.generator.share_rollout_history(batch)["seconds"]
         if self.drafter_refresh is not None and trainer.model.training:
             self.drafter_refresh.add(batch, trainer.args.temperature)
 
@@ -78,10 +91,11 @@ class SpecRolloutCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._is_attached = True
         if state.global_step > 0:  # resumed from a checkpoint (its state is loaded before this hook)
-            restore_history(self.generator, history_path(args.output_dir, state.global_step, args.process_index))
+            restore_history(self.generator, history_path(args.output_dir, state.global_step), args.process_index)
 
     def on_save(self, args, state, control, **kwargs):
-        save_history(self.generator, history_path(args.output_dir, state.global_step, args.process_index))
+        if args.process_index == 0:  # one file for the job: with shared histories, every process holds the same
+            save_history(self.generator, history_path(args.output_dir, state.global_step))
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.drafter_refresh is None or not self.drafter_refresh.is_due(state.global_step):

@@ -67,12 +67,15 @@ def spec_metrics(totals: list[float], num_positions: int) -> dict[str, float]:
     metrics = {
         "spec/acceptance_rate": counts["num_accepted_draft_tokens"] / max(counts["num_draft_tokens"], 1),
         "spec/mean_acceptance_length": 1 + counts["num_accepted_draft_tokens"] / max(counts["num_spec_steps"], 1),
+        "spec/num_spec_steps": counts["num_spec_steps"],
         "spec/num_draft_tokens": counts["num_draft_tokens"],
         "spec/num_accepted_draft_tokens": counts["num_accepted_draft_tokens"],
         "spec/mean_k": counts["sum_k"] / max(counts["num_row_steps"], 1),
         "spec/verified_tokens_per_emitted_token": (counts["num_row_steps"] + counts["num_draft_tokens"])
         / max(num_tokens, 1),
         "spec/rollout_tokens_per_s": num_tokens / max(elapsed, 1e-9),
+        "spec/num_completion_tokens": num_tokens,
+        "spec/rollout_s": elapsed,
     }
     for j, (d, a) in enumerate(zip(drafted, accepted)):
         if d:

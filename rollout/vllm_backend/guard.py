@@ -35,6 +35,8 @@ RPC_METHODS = {
     "repack_tied_lm_head": {},
     "save_rollout_history": {"path": "history_dir"},
     "load_rollout_history": {"path": "history_dir"},
+    "add_rollout_history": {"prompt_ids": None, "completion_ids": None},
+    "rollout_drafter_stats": {},
 }
 # what /server_info returns of vLLM's engine config: section -> its fields kept
 SERVER_INFO_FIELDS = {

@@ -160,6 +160,11 @@ class VLLMBackend(VLLMCommon):
         """Every rank's proposer loads it (ValueError for a file that is not one of this model's)."""
         return self.uses_proposer and any(self.llm.collective_rpc("load_rollout_history", kwargs={"path": str(path)}))
 
+    def add_rollout_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> bool:
+        """Every rank's proposer adds them (worker.py)."""
+        return self.uses_proposer and any(self.llm.collective_rpc(
+            "add_rollout_history", kwargs={"prompt_ids": prompt_ids, "completion_ids": completion_ids}))
+
     def _drafter_stats(self) -> dict | None:
         """The project's proposer's cumulative counts (rank 0's), None under vLLM's own drafters."""
         return self.llm.collective_rpc("rollout_drafter_stats")[0] if self.uses_proposer else None

@@ -48,9 +48,21 @@ class WorkerExtension:
         return repack_tied_lm_head(self.model_runner.get_model())
 
     def rollout_drafter_stats(self) -> dict | None:
-        """The project's proposer's cumulative counts on this rank (proposer.py); None under another drafter."""
+        """The project's proposer's cumulative counts on this rank (proposer.py), with its history drafter's requests
+        started and those whose prompt had history then; None under another drafter."""
         proposer = self._rollout_proposer()
-        return None if proposer is None else dict(proposer.stats)
+        if proposer is None:
+            return None
+        return {**proposer.stats, **getattr(proposer.drafter, "history_counts", {})}
+
+    def add_rollout_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> bool:
+        """Add finished rollouts (each prompt's and its completion's token ids, checked by the caller) to the
+        project's history drafter on this rank, as its own finished requests are; False where it keeps none."""
+        drafter = getattr(self._rollout_proposer(), "drafter", None)
+        if getattr(drafter, "history", None) is None:
+            return False
+        drafter.add_rollouts(prompt_ids, completion_ids)
+        return True
 
     def use_rollout_schedule(self, schedule: list[list[int]]) -> None:
         """Make the project's proposer follow `schedule` ([[start, end, K], ...]) from its next step on."""

@@ -89,6 +89,15 @@ class HistoryStore:
         self._trim_window(entries)
         self._evict()
 
+    def update(self, other: "HistoryStore") -> None:
+        """Add every rollout of `other` (each output as many times as its count), its least recently used prompts
+        first: what merging two processes' or servers' histories takes."""
+        for key, entries in list(other._prompts.items()):
+            prompt = np.frombuffer(key, dtype=np.int32)
+            for entry in entries:
+                for _ in range(entry.count):
+                    self.add(prompt, entry.tokens)
+
     def _trim_window(self, entries: list[HistoryEntry]) -> None:
         """Drop the oldest rollouts until at most max_rollouts_per_prompt remain."""
         excess = sum(e.count for e in entries) - self.max_rollouts_per_prompt

@@ -38,6 +38,7 @@ MATCH_EVIDENCE = 4  # a match of 4 tokens halves a draft's confidence, one of 20
 @dataclass
 class _Group:
     trie: SuffixTree
+    had_history: bool  # the prompt had earlier rollouts in the history when the group started
     live_req_ids: set[int] = field(default_factory=set)  # seen and not finished
 
 
@@ -59,6 +60,9 @@ class SuffixProposer:
         self._cached_seq_ids: deque[int] = deque()  # global trie sequences, oldest first
         self._next_seq_ids = itertools.count()
         self._history_seq_ids = itertools.count(-1, -1)  # history sequences in group tries: never a req_id
+        self._started: set[int] = set()  # running requests counted below (a group rebuilt after release_all keeps them)
+        # requests started, and of them those whose prompt had history then (history_hit_rate in the batch stats)
+        self.history_counts = {"num_requests": 0, "num_requests_with_history": 0}
 
     @property
     def num_groups(self) -> int:
@@ -98,9 +102,17 @@ class SuffixProposer:
                 self._extend(group.trie, request)  # the last tokens, for the siblings still running
             else:
                 del self._groups[request.group_id]
-        self._cache_output(request.output_token_ids)
-        if self.history is not None:
-            self.history.add(request.token_ids[:request.num_prompt_tokens], request.output_token_ids)
+        self._started.discard(request.req_id)
+        self.add_rollouts([request.token_ids[:request.num_prompt_tokens]], [request.output_token_ids])
+
+    def add_rollouts(self, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> None:
+        """Finished rollouts, as token ids of each prompt and its output: every output goes to the global cache and
+        to the prompt's rollout history, as a finished request's does. Rollouts from elsewhere (another process's)
+        come in here too."""
+        for prompt, output in zip(prompts, outputs):
+            self._cache_output(list(output))
+            if self.history is not None:
+                self.history.add(prompt, output)
 
     def release_all(self) -> None:
         """Drop every group trie (a failed call's, or a faulted step's): the next propose rebuilds the tries of the
@@ -110,8 +122,13 @@ class SuffixProposer:
     def _sync(self, request: DraftRequest) -> None:
         group = self._groups.get(request.group_id)
         if group is None:
-            group = self._groups[request.group_id] = _Group(self._group_trie(request))
+            trie = self._group_trie(request)
+            group = self._groups[request.group_id] = _Group(trie, had_history=trie.num_seqs > 0)
         group.live_req_ids.add(request.req_id)
+        if self.history is not None and request.req_id not in self._started:
+            self._started.add(request.req_id)
+            self.history_counts["num_requests"] += 1
+            self.history_counts["num_requests_with_history"] += group.had_history
         self._extend(group.trie, request)
 
     def _group_trie(self, request: DraftRequest) -> SuffixTree:

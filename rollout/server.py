@@ -1,0 +1,303 @@
+"""One vLLM OpenAI server as the server backend (server_backend.py) uses it: what it serves, its rollouts, weight
+reloads and rollout-history RPCs. No vllm import: HTTP with the standard library (server_http.py).
+
+The server: `python -m rollout serve --model FOLDER --speculative-config JSON ...` (rollout/vllm_backend/serve.py),
+or vLLM's own server started by hand with VLLM_SERVER_DEV_MODE=1 and the flags that command prints. With a key
+every request carries it; the server's gate (vllm_backend/guard.py) refuses requests without it, RPCs other than the
+ones below, and paths outside its folders. The client reads what it needs from the server: the served model, its
+folder and max_model_len from /v1/models; the speculative config, max_num_seqs, dtype, logprobs mode and the
+server's folders from /server_info (dev mode). Local copies of the folders (`model`, `draft_model`; default: the
+server's paths when they exist here) give the tokenizer, EOS ids, the HF parameter names that weight loads are
+checked against, and the drafter refresh's trainable copy.
+
+Rollouts: one /v1/completions request per sample (vLLM reports per-request spec-decode metrics only for a single
+prompt with n = 1), all sent at once from a thread pool (the server batches them), token-id prompts, seed
+mix_seed(seed, i, j) for sample j of prompt i (i: the prompt's index in the caller's call), processed logprobs of the
+sampled tokens. Every sample comes back or the call raises a ServerError naming the URL and the sample: nothing is
+dropped. Acceptance records come from each response's `metrics.speculative_decoding` when the server exposes it
+(--per-request-spec-decode-metrics detailed), and the aggregate counts are their sums; without them, the
+differences of /metrics' spec-decode counters across the call, which count every client of the server. `num_steps`
+is always the latter (engine steps, shared by all clients), as are the project's drafter's counts (drafter seconds,
+history hits: `rollout_drafter_stats`).
+
+Weights (CPU and any server without a GPU weight-transfer engine): the backend writes a checkpoint (`write`: one
+safetensors file under `weights_dir`/<server host_port>/<target|draft>, in the server's weights_dir: on another
+machine, a shared filesystem mounted at the same path), then has the server load it in place (`reload`): the target
+with vLLM's own `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": ...}}`, the draft with
+the worker extension's `reload_draft_weights` (worker.py), then `POST /reset_prefix_cache`. vLLM's reload_weights
+keeps the given path as the model's path in its worker, so a later reload without a path would read this folder: the
+client always passes one. If the server restarts (its process start time in /metrics changes), the client loads the
+weights it last loaded again before the next call, and repeats a call during which the server restarted.
+"""
+
+import os
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoConfig
+
+from rollout.loading import eos_token_ids, generation_config, load_tokenizer
+from rollout.outputs import Sample
+from rollout.sampling_params import SamplingParams, mix_seed
+from rollout.server_http import ServerClient, ServerError
+from rollout.vllm_common import (CONFIG_KEY, PROPOSER_CLASS, SERVER_KEY, acceptance_record, counters_from_records,
+                                 difference, engine_counters, is_inside, make_sample)
+from spec import RequestAcceptance, SpecConfig
+from spec.config import PROTOCOL_METHODS
+
+_SPEC_KEYS = ("method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size")
+_START_TIME = "process_start_time_seconds"
+
+
+@dataclass
+class ServerRollouts:
+    """What one server returned for its share of a call: samples with their records (same order), the engine
+    counters' differences over it (vllm_common.COUNTED and num_steps), and the project's drafter's counts (None under
+    vLLM's own drafters)."""
+
+    samples: list[Sample]
+    records: list[RequestAcceptance]
+    counters: dict
+    drafter: dict | None
+
+
+class Server:
+    """The vLLM server at base_url (the arguments are ServerBackend's, for this server)."""
+
+    def __init__(self, base_url: str, *, model=None, draft_model=None, tokenizer=None, weights_dir=None,
+                 api_key: str | None = None, request_timeout_s: float = 600.0, reconnect_s: float = 120.0,
+                 max_concurrency: int = 256):
+        self.client = ServerClient(base_url, request_timeout_s, reconnect_s, api_key)
+        self.base_url = self.client.base_url
+        self.max_concurrency = max_concurrency
+        served = self._served_model()
+        self.served_model_name, self.max_model_len = served["id"], served["max_model_len"]
+        info = self._server_info()
+        vllm_config = info["vllm_config"]
+        self.config = _spec_config(vllm_config.get("speculative_config"), vllm_config.get("additional_config"),
+                                   self.base_url)
+        self.num_spec_tokens = 0 if self.config is None else self.config.num_speculative_tokens
+        self.uses_proposer = self.config is not None and self.config.method in PROTOCOL_METHODS
+        self.max_num_seqs = vllm_config["scheduler_config"]["max_num_seqs"]
+        self.dtype = getattr(torch, vllm_config["model_config"]["dtype"].removeprefix("torch."))
+        self.has_request_metrics = vllm_config["observability_config"]["per_request_spec_decode_metrics"] == "detailed"
+        _check_logprobs_mode(vllm_config["model_config"]["logprobs_mode"], self.base_url)
+        self.model_path = _local_copy(model, served.get("root") or served["id"], "model")
+        server_draft = self.config.model if self.config is not None and self.config.method == "draft_model" else None
+        self.draft_path = _local_copy(draft_model, server_draft, "draft_model") if server_draft else None
+        self.eos_token_ids = _eos_ids(self.model_path, tokenizer, self.base_url)
+        self.folders = info.get(SERVER_KEY) or {}  # the server's weights_dir and history_dir (guard.py)
+        self.weights_dir = _weights_dir(weights_dir, self.folders.get("weights_dir"), self.base_url)
+        self.loaded: dict[str, str] = {}  # role -> the checkpoint folder it was last loaded from
+        self._server_start = self._start_time(self.client.metrics())
+
+    def rollouts(self, prompt_ids: list[list[int]], prompt_indices: list[int], num_generations: int,
+                 params: SamplingParams, seed: int, decode=None, num_restarts_left: int = 2) -> ServerRollouts:
+        """num_generations samples of each prompt, in input order; prompt_ids[k] is prompt prompt_indices[k] of the
+        caller's call, and its sample j draws from mix_seed(seed, prompt_indices[k], j). A call during which the
+        server restarted runs again (num_restarts_left times), on the weights last loaded."""
+        keys = [(i, j) for i in range(len(prompt_ids)) for j in range(num_generations)]
+        bodies = [self._body(prompt_ids[i], params, mix_seed(seed, prompt_indices[i], j)) for i, j in keys]
+        labels = [(prompt_indices[i], j) for i, j in keys]
+        before = self._restore_after_restart(self.client.metrics())
+        drafter_before = self.drafter_stats()
+        with ThreadPoolExecutor(max(1, min(len(bodies), self.max_concurrency))) as pool:
+            responses = list(pool.map(self._complete, bodies, labels))
+        after = self.client.metrics()
+        if self._start_time(after) != self._server_start:
+            if num_restarts_left == 0:
+                raise ServerError(f"the server at {self.base_url} restarted during every try of this call")
+            return self.rollouts(prompt_ids, prompt_indices, num_generations, params, seed, decode,
+                                 num_restarts_left - 1)
+        records = [_record(r, self.num_spec_tokens) for r in responses]
+        samples = [make_sample(i, j, prompt_ids[k], *_completion(r), record, decode, self.base_url)
+                   for (k, _), (i, j), r, record in zip(keys, labels, responses, records)]
+        counters = difference(self._counters(after), self._counters(before))
+        if self.has_request_metrics:
+            counters.update(counters_from_records(records, self.num_spec_tokens))
+        drafter = None if drafter_before is None else difference(self.drafter_stats(), drafter_before)
+        return ServerRollouts(samples, records, counters, drafter)
+
+    def write(self, role: str, staged: list[tuple[str, torch.Tensor]]) -> str:
+        """Write staged tensors as <weights_dir>/<server host_port>/<role>/model.safetensors (a temporary file
+        renamed into place); the folder written."""
+        if self.weights_dir is None and self.folders.get("weights_dir"):
+            raise ValueError(f"the weights_dir of the server at {self.base_url}, {self.folders['weights_dir']}, is "
+                             "not on this machine: mount it here at the same path, or pass server_kwargs="
+                             "{'weights_dir': <a folder inside it, as mounted here>}")
+        if self.weights_dir is None:  # a server started without python -m rollout serve: no folder of its own
+            self.weights_dir = Path(tempfile.mkdtemp(prefix="spec-rollouts-weights-"))
+        out = self.weights_dir / urlsplit(self.base_url).netloc.replace(":", "_") / role  # a folder per server
+        out.mkdir(parents=True, exist_ok=True)
+        partial = out / f".model.safetensors.{os.getpid()}.partial"
+        save_file({name: tensor.contiguous() for name, tensor in staged}, str(partial), metadata={"format": "pt"})
+        os.replace(partial, out / "model.safetensors")
+        return str(out)
+
+    def reload(self, role: str, folder: str) -> None:
+        """Have the server load the role's ("target" or "draft") weights from `folder`, then drop its prefix cache."""
+        self.loaded[role] = folder  # a server that is down now loads them when it is back (_restore_after_restart)
+        method = "reload_weights" if role == "target" else "reload_draft_weights"
+        self.rpc(method, {"weights_path": folder}, f"load the {role}'s weights from {folder}")
+        if role == "target":
+            self.rpc("repack_tied_lm_head", {}, "re-pack a tied lm_head (vLLM's CPU build)", optional=True)
+        self.client.post("/reset_prefix_cache", None, f"drop the prefix cache after loading the {role}")
+
+    def drafter_stats(self) -> dict | None:
+        """The project's drafter's cumulative counts on the server (rank 0's), None under vLLM's own drafters."""
+        if not self.uses_proposer:
+            return None
+        return self.rpc("rollout_drafter_stats", {}, "the project's drafter's counts")[0]
+
+    def history_file(self) -> str:
+        """A new file name in the server's history_dir (ValueError where this machine cannot read that folder)."""
+        folder = self.folders.get("history_dir")
+        if not folder or not Path(folder).is_dir():
+            raise ValueError(f"the history_dir of the server at {self.base_url} ({folder}) is not on this machine: "
+                             "mount it here at the same path (start the server with --history-dir on a shared "
+                             "filesystem) to save or load its rollout history")
+        return os.path.join(folder, f"{uuid.uuid4().hex}.npz")
+
+    def rpc(self, method: str, kwargs: dict, what: str, optional: bool = False) -> list | None:
+        """POST /collective_rpc; every rank's result. A method the server lacks is an error naming the worker
+        extension, unless `optional` (then the server is one started by hand without it, where only the CPU build
+        needs it)."""
+        try:
+            answer = self.client.post("/collective_rpc", {"method": method, "kwargs": kwargs}, what)
+        except ServerError as e:
+            if "has no attribute" not in str(e):
+                raise
+            if not optional:
+                raise ServerError(f"{e}\nThe server has no {method} method: start it with python -m rollout serve, "
+                                  "or add --worker-extension-cls rollout.vllm_backend.worker.WorkerExtension") from None
+            return None
+        return answer.get("results") if isinstance(answer, dict) else None
+
+    def _body(self, prompt: list[int], params: SamplingParams, seed: int) -> dict:
+        stop_ids = sorted(self.eos_token_ids | set(params.stop_token_ids or ()))
+        return {"model": self.served_model_name, "prompt": list(prompt), "max_tokens": params.max_tokens,
+                "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": seed,
+                "n": 1, "logprobs": 0, "stop_token_ids": stop_ids, "return_token_ids": True,
+                "return_tokens_as_token_ids": True, "skip_special_tokens": False}
+
+    def _complete(self, body: dict, key: tuple[int, int]) -> dict:
+        return self.client.post("/v1/completions", body, f"sample {key[1]} of prompt {key[0]}, "
+                                                         f"{len(body['prompt'])} prompt tokens")
+
+    def _restore_after_restart(self, metrics: dict) -> dict:
+        """metrics, after loading the last weights again if the server restarted since they were loaded."""
+        start = self._start_time(metrics)
+        if start == self._server_start:
+            return metrics
+        self._server_start = start
+        for role, folder in list(self.loaded.items()):
+            self.reload(role, folder)
+        return self.client.metrics()
+
+    def _counters(self, metrics: dict) -> dict:
+        """The engine counters in /metrics' text form: `name_total{labels}` for counters, `name_count{labels}` for
+        the step histogram's observations."""
+        readings = []
+        for key, value in metrics.items():
+            name, _, labels = key.partition("{")
+            base = name.removesuffix("_total") if name.endswith("_total") else name.removesuffix("_count")
+            position = int(labels.split('position="')[1].split('"')[0]) if 'position="' in labels else None
+            readings.append((base, position, value))
+        return engine_counters(readings, self.num_spec_tokens)
+
+    def _served_model(self) -> dict:
+        models = self.client.get("/v1/models", "the served model").get("data") or []
+        if len(models) != 1:
+            raise ServerError(f"GET {self.client.base_url}/v1/models lists {len(models)} models; the server backend "
+                              "needs a server with exactly one")
+        return models[0]
+
+    def _server_info(self) -> dict:
+        try:
+            return self.client.get("/server_info?config_format=json", "the server's engine config")
+        except ServerError as e:
+            if "HTTP 404" in str(e):
+                raise ServerError(f"{e}\nThe server is not in dev mode: start it with VLLM_SERVER_DEV_MODE=1 (python "
+                                  "-m rollout serve sets it); the client reads the speculative config from "
+                                  "/server_info and loads weights through /collective_rpc") from None
+            raise
+
+    @staticmethod
+    def _start_time(metrics: dict) -> float | None:
+        return metrics.get(_START_TIME)
+
+
+def _spec_config(spec: dict | None, additional: dict | None, base_url: str) -> SpecConfig | None:
+    """The server's speculative config: this project's own (additional_config[CONFIG_KEY]) where the server runs the
+    project's proposer class, else the keys of vLLM's that this package reads."""
+    if not spec:
+        return None
+    if spec.get("method") == "custom_class" and spec.get("model") == PROPOSER_CLASS:
+        config = (additional or {}).get(CONFIG_KEY)
+    else:
+        config = {key: spec[key] for key in _SPEC_KEYS if spec.get(key) is not None}
+    try:
+        return SpecConfig.from_dict(config)
+    except ValueError as e:
+        raise ValueError(f"the speculative config of the server at {base_url} ({config}) is not one this package "
+                         f"reads: {e}") from None
+
+
+def _weights_dir(given, server_dir: str | None, base_url: str) -> Path | None:
+    """Where weight loads write: `given` (it must lie inside the server's weights_dir, which is all the server
+    loads from), else the server's weights_dir when it exists here, else None."""
+    if given is None:
+        return Path(server_dir) if server_dir and Path(server_dir).is_dir() else None
+    if server_dir and not is_inside(os.fspath(given), server_dir):
+        raise ValueError(f"weights_dir={str(given)!r} is not inside the weights_dir of the server at {base_url} "
+                         f"({server_dir}), the one folder it loads weights from: pass a folder inside it (on another "
+                         "machine: the same path, shared), or start the server with --weights-dir "
+                         f"{str(given)!r}")
+    return Path(given)
+
+
+def _check_logprobs_mode(mode: str, base_url: str) -> None:
+    if mode != "processed_logprobs":
+        raise ValueError(f"the server at {base_url} returns logprobs_mode={mode!r}; a trainer needs the processed "
+                         "distribution's: restart it with --logprobs-mode processed_logprobs (python -m rollout "
+                         "serve sets it)")
+
+
+def _local_copy(given, server_path: str, field: str) -> str | None:
+    """The local folder for `field`: the one given (it must exist), else the server's path if it exists here."""
+    if given is not None:
+        if not isinstance(given, (str, Path)) or not Path(given).is_dir():
+            raise ValueError(f"{field}={given!r}: expected a local copy of the server's {field} folder")
+        return str(given)
+    return server_path if server_path and Path(server_path).is_dir() else None
+
+
+def _eos_ids(model_path: str | None, tokenizer, base_url: str) -> set[int]:
+    if model_path is not None:
+        return eos_token_ids(generation_config(model_path), AutoConfig.from_pretrained(model_path,
+                                                                                       local_files_only=True))
+    if isinstance(tokenizer, (str, Path)):
+        tokenizer = load_tokenizer(None, tokenizer)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise ValueError(f"the model folder of the server at {base_url} is not on this machine, so its EOS ids are "
+                         "unknown: pass model=<a local copy of the folder> or a tokenizer object with eos_token_id")
+    return {eos}
+
+
+def _record(response: dict, num_spec_tokens: int):
+    metrics = ((response.get("metrics") or {}).get("speculative_decoding")) or {}
+    return acceptance_record(metrics.get("per_step_drafted"), metrics.get("per_step_accepted"), num_spec_tokens)
+
+
+def _completion(response: dict) -> tuple[list[int], list[float] | None, str | None]:
+    choice = response["choices"][0]
+    logprobs = choice.get("logprobs") or {}
+    return choice.get("token_ids") or [], logprobs.get("token_logprobs"), choice.get("finish_reason")
