@@ -78,13 +78,15 @@ class WorkerExtension:
         return getattr(getattr(self._rollout_proposer(), "drafter", None), "history", None)
 
     def _rollout_proposer(self, required: str | None = None):
-        from rollout.vllm_backend.proposer import RolloutProposer
-        drafter = getattr(self.model_runner, "drafter", None)
-        if not isinstance(drafter, RolloutProposer):
+        """The project's drafter on this rank (drafting.RolloutDrafting: config, drafter, stats, vocab_size); None
+        under another drafter, or ValueError naming `required`."""
+        from rollout.vllm_backend.drafting import RolloutDrafting
+        drafting = getattr(getattr(self.model_runner, "drafter", None), "drafting", None)
+        if not isinstance(drafting, RolloutDrafting):
             if required:
                 raise ValueError(f"{required} needs an engine that runs it (method 'history' or 'custom_class')")
             return None
-        return drafter
+        return drafting
 
     def sampler_fix_applied(self) -> bool:
         """Whether this worker samples with the fixed CPU kernels (always true off the CPU build's bug path)."""
