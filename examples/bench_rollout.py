@@ -106,14 +106,15 @@ class Worker:
 
 def available_arms(arms: list[str], vllm_python: str) -> list[str]:
     """arms without the vLLM ones that cannot run, each with a message: all of them without the vLLM interpreter,
-    vLLM's suffix decoding (`vllm_suffix*`) where it cannot import arctic_inference."""
+    vLLM's suffix decoding (`vllm_suffix*`) where that vLLM has none (before 0.34 it needs arctic_inference)."""
     if any(a.startswith("vllm_") for a in arms) and not Path(vllm_python).exists():
         print(f"no vLLM interpreter at {vllm_python}: the vLLM arms are skipped", flush=True)
         return [a for a in arms if not a.startswith("vllm_")]
     suffix = [a for a in arms if a.startswith("vllm_suffix")]
-    if suffix and subprocess.run([vllm_python, "-c", "import arctic_inference"], capture_output=True).returncode:
-        print(f"{vllm_python} cannot import arctic_inference (vLLM's method 'suffix' needs it): {suffix} skipped",
-              flush=True)
+    check = "from rollout.vllm_backend.versions import has_suffix_decoding; raise SystemExit(not has_suffix_decoding())"
+    if suffix and subprocess.run([vllm_python, "-c", check], capture_output=True, cwd=ROOT).returncode:
+        print(f"{vllm_python}'s vLLM has no suffix decoding (before vLLM 0.34 it needs arctic_inference): {suffix} "
+              "skipped", flush=True)
         return [a for a in arms if a not in suffix]
     return arms
 

@@ -4,11 +4,15 @@
 # token against HF generate's, then the multi-epoch benchmark's embedded arms in bfloat16 at 64x8 (target forwards
 # per step and tokens/s per epoch; every arm's samples checked against no speculation's); where vLLM's CUDA build is
 # installed, the project's drafters inside vLLM (tests/test_vllm_proposer.py: greedy equality through the custom_class
-# proposer on 32 prompts) and the multi-epoch benchmark's vLLM arms at 64x8; with 2 GPUs, the history shared by 2
-# trainer processes (examples/bench_sharing.py). Results (JSON, plots, logs) go to $OUT (default:
+# proposer on 32 prompts) and the multi-epoch benchmark's vLLM arms at 64x8; then the same on vLLM 0.34, in a venv of
+# its own, where the drafters run as the registered Model Runner V2 speculator, against vLLM 0.34's own GPU suffix
+# decoding with and without its adaptive verification; with 2 GPUs, the history shared by 2 trainer processes
+# (examples/bench_sharing.py). Results (JSON, plots, logs) go to $OUT (default:
 # examples/results/cuda).
 #
 #   examples/device_check.sh [WHEELS_DIR]     # WHEELS_DIR: wheels to install first (trl, datasets, ... where missing)
+#   VLLM034=0 examples/device_check.sh        # without the vLLM 0.34 section
+#   VLLM034_PIP="--no-index --find-links DIR vllm==0.34.0" examples/device_check.sh   # vLLM 0.34 from local wheels
 #
 # Quick settings for a smoke run: SHAPES=2x2 EPOCH_SHAPES=2x2 EPOCHS=2 REPEATS=1 MAX_TOKENS=32 examples/device_check.sh
 set -uo pipefail
@@ -63,4 +67,27 @@ if $PYTHON -c "import vllm" 2>/dev/null; then
       --lr-warmup-steps 0 --output-dir "$OUT/vllm" 2>&1 | tail -30 | tee "$OUT/bench_epochs_vllm.txt"
 else
   echo "vLLM cannot be imported here: its CUDA checks are skipped" | tee "$OUT/vllm.txt"
+fi
+
+# vLLM 0.34 (Model Runner V2 only; rollout/vllm_backend/versions.py picks the registered speculator there), in its own
+# venv so that the machine's vLLM stays as it is; the project goes in editable, which installs its vllm.general_plugins
+# entry point (every vLLM process learns the methods from it). Greedy through the speculator equals vLLM without
+# speculation on 32 prompts x 2 (history K = 4, then with the project's adaptive policy), with K from vLLM's scheduler,
+# the history carried through save/load and a user's drafter; then the multi-epoch arms at 64x8.
+if [ "${VLLM034:-1}" = 1 ]; then
+  V034=${VLLM034_VENV:-.venv-vllm034}
+  mkdir -p "$OUT/vllm034"
+  if [ ! -x "$V034/bin/python" ]; then
+    python3 -m venv "$V034"
+    "$V034/bin/pip" install -q -e '.[test,vllm]' ${VLLM034_PIP:-vllm==0.34.0} 2>&1 | tail -3
+  fi
+  "$V034/bin/python" -c "import torch, vllm; print(vllm.__version__, torch.__version__, torch.version.cuda)" 2>&1 \
+      | tail -1 | tee "$OUT/vllm034/device.txt"
+  "$V034/bin/python" -m pytest -q -p no:cacheprovider tests/test_vllm_proposer.py tests/test_vllm_versions.py 2>&1 \
+      | tail -15 | tee "$OUT/vllm034/test_vllm_proposer.txt"
+  $PYTHON examples/bench_epochs.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --threads 4 \
+      --shapes "${EPOCH_SHAPES:-64x8}" --epochs "${EPOCHS:-3}" --max-completion-length "${MAX_TOKENS:-320}" \
+      --arms "no_spec,vllm_no_spec,vllm_suffix,vllm_suffix_adaptive,vllm_history,vllm_default" \
+      --vllm-python "$V034/bin/python" --lr-warmup-steps 0 --output-dir "$OUT/vllm034" 2>&1 | tail -30 \
+      | tee "$OUT/vllm034/bench_epochs_vllm.txt"
 fi

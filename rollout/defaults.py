@@ -21,10 +21,10 @@ def default_speculative_config(backend: str = "embedded", draft_model: str | Non
     outputs) with K = 8 and adaptive verification through the drain, its suffix trees 12 tokens deep (24, vLLM's
     default, made the drafter's trie updates a fifth of a 512-row call for no more acceptance). On
     examples/bench_epochs.py it beat the draft model with DEFAULT_SCHEDULE at 8x8 and 64x8, fresh prompts included.
-    vllm and server: the same drafter inside vLLM (its custom_class hook, rollout/vllm_backend/proposer.py) with
-    K = 4 and adaptive verification: on bench_epochs the fastest of vLLM's arms at 64x8, fresh prompts included,
-    and level with vLLM's own suffix decoding at 8x8; the draft model with DEFAULT_SCHEDULE fell below no
-    speculation at 64x8 there.
+    vllm and server: the same drafter inside vLLM's workers (rollout/vllm_backend/, through the hook the installed vLLM
+    has) with K = 4 and adaptive verification: on bench_epochs (vLLM's CPU build) the fastest of vLLM's arms at 64x8,
+    fresh prompts included, and level with vLLM's own suffix decoding at 8x8; the draft model with DEFAULT_SCHEDULE
+    fell below no speculation at 64x8 there.
     With `draft_model` given (any backend): that draft model with K = 8 and DEFAULT_SCHEDULE."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: choose one of {list(BACKENDS)}")

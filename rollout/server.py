@@ -47,8 +47,9 @@ from rollout.loading import eos_token_ids, generation_config, load_tokenizer
 from rollout.outputs import Sample
 from rollout.sampling_params import SamplingParams, mix_seed
 from rollout.server_http import ServerClient, ServerError
-from rollout.vllm_common import (CONFIG_KEY, PROPOSER_CLASS, SERVER_KEY, acceptance_record, counters_from_records,
-                                 difference, engine_counters, is_inside, make_sample)
+from rollout.vllm_backend.versions import runs_project_drafter
+from rollout.vllm_common import (CONFIG_KEY, SERVER_KEY, acceptance_record, counters_from_records, difference,
+                                 engine_counters, is_inside, make_sample)
 from spec import RequestAcceptance, SpecConfig
 from spec.config import PROTOCOL_METHODS
 
@@ -236,10 +237,10 @@ class Server:
 
 def _spec_config(spec: dict | None, additional: dict | None, base_url: str) -> SpecConfig | None:
     """The server's speculative config: this project's own (additional_config[CONFIG_KEY]) where the server runs the
-    project's proposer class, else the keys of vLLM's that this package reads."""
+    project's drafter (in either of vLLM's forms, versions.py), else the keys of vLLM's that this package reads."""
     if not spec:
         return None
-    if spec.get("method") == "custom_class" and spec.get("model") == PROPOSER_CLASS:
+    if runs_project_drafter(spec):
         config = (additional or {}).get(CONFIG_KEY)
     else:
         config = {key: spec[key] for key in _SPEC_KEYS if spec.get(key) is not None}

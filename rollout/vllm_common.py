@@ -31,8 +31,9 @@ COUNTER_NAMES = {"vllm:spec_decode_num_drafts": "num_spec_steps",
                  "vllm:spec_decode_num_accepted_tokens": "num_accepted_draft_tokens",
                  "vllm:iteration_tokens_total": "num_steps"}
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
-# this project's drafters on vLLM (spec.config.PROTOCOL_METHODS): the custom_class vLLM builds, and the key of
-# vLLM's additional_config that holds the project's speculative config for it (vllm_backend/proposer.py)
+# this project's drafters on vLLM (spec.config.PROTOCOL_METHODS): the class vLLM 0.32-0.33's custom_class hook builds
+# (vllm_backend/proposer.py), and the key of vLLM's additional_config that holds the project's speculative config on
+# every vLLM (vllm_backend/versions.py)
 PROPOSER_CLASS = "rollout.vllm_backend.proposer.RolloutProposer"
 CONFIG_KEY = "rollout_speculative_config"
 # where the server's /server_info holds its folders (weights_dir, history_dir) for the client (vllm_backend/guard.py)

@@ -12,8 +12,8 @@ from spec.checks import check_bool, check_int, check_number, check_optional_int
 from spec.schedule import BatchSizeSchedule
 
 EMBEDDED_METHODS = ("draft_model", "ngram", "suffix", "history", "custom_class")
-# drafters to this project's Proposer protocol (spec/proposers/base.py): vLLM runs them through its custom_class hook
-# and the project's proposer class (rollout/vllm_backend/proposer.py), not through to_vllm
+# drafters to this project's Proposer protocol (spec/proposers/base.py): vLLM runs them through the project's own
+# classes (rollout/vllm_backend/: its custom_class hook or a registered speculator, by vLLM version), not to_vllm
 PROTOCOL_METHODS = ("history", "custom_class")
 VLLM_ONLY_METHODS = ("eagle", "eagle3", "mtp", "dflash", "dspark", "medusa", "mlp_speculator")
 REJECTION_SAMPLE_METHODS = ("standard", "synthetic", "block")
@@ -178,7 +178,7 @@ class SpecConfig:
         """NotImplementedError when vLLM cannot run this PROTOCOL_METHODS config through the project's proposer."""
         if self.draft_sample_method != "greedy":
             raise NotImplementedError(f"draft_sample_method={self.draft_sample_method!r} with method={self.method!r} "
-                                      "on vLLM: vLLM verifies a custom_class drafter's drafts as point proposals; "
+                                      "on vLLM: vLLM verifies the project's drafters' drafts as point proposals; "
                                       "use draft_sample_method='greedy'")
 
     def check_embedded(self) -> None:
@@ -219,8 +219,8 @@ class SpecConfig:
         """
         if self.method in PROTOCOL_METHODS:
             raise NotImplementedError(f"method={self.method!r} is this project's drafter, not one of vLLM's: vLLM runs "
-                                      "it through the project's custom_class proposer (rollout/vllm_backend/), not "
-                                      "through to_vllm")
+                                      "it through the project's own drafter classes (rollout/vllm_backend/), "
+                                      "not through to_vllm")
         if self.method == "suffix" and self.num_speculative_tokens_per_batch_size is not None:
             raise NotImplementedError(
                 "method='suffix' with num_speculative_tokens_per_batch_size on vLLM: vLLM's suffix decoder asserts "

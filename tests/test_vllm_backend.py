@@ -84,7 +84,7 @@ def test_to_vllm_passes_the_keys_vllm_reads():
 
 
 def test_to_vllm_refuses_the_projects_drafters_and_leaves_adaptive_verification_to_vllm():
-    with pytest.raises(NotImplementedError, match="custom_class proposer"):
+    with pytest.raises(NotImplementedError, match="the project's own drafter classes"):
         SpecConfig.from_dict({"method": "custom_class", "model": "pkg.mod.Drafter", "num_speculative_tokens": 3}
                              ).to_vllm()
     adaptive = {"method": "draft_model", "model": "/d", "num_speculative_tokens": 3,

@@ -12,6 +12,7 @@ import torch
 from vllm_testing import require_vllm
 
 from rollout import RolloutGenerator, SamplingParams, default_prompts
+from rollout.vllm_backend.versions import uses_registered_methods
 
 pytestmark = require_vllm
 K = 4
@@ -61,8 +62,9 @@ def test_records_sum_to_vllms_counters_and_the_drafter_time_is_reported(history_
         for name in ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens"):
             assert batch.stats[name] == sum(r[name] for r in records) > 0, name
         assert max(k for r in records for k in r["k_per_step"]) == K
-        # drafts of a request's last step are proposed and never verified: proposed >= verified
-        assert batch.stats["num_proposed_draft_tokens"] >= batch.stats["num_draft_tokens"]
+        if not uses_registered_methods():  # vLLM 0.34+ counts every scheduled slot, fillers too (vllm_proposer.md)
+            # drafts of a request's last step are proposed and never verified: proposed >= verified
+            assert batch.stats["num_proposed_draft_tokens"] >= batch.stats["num_draft_tokens"]
         assert batch.stats["num_drafter_faults"] == 0
         assert 0 < batch.stats["drafter_seconds"] < batch.stats["elapsed_s"]
         assert 0 < batch.metrics["spec/drafter_time_fraction"] < 1
@@ -99,7 +101,8 @@ def test_finished_requests_feed_the_history_and_a_saved_history_drafts_in_a_new_
 
 def test_adaptive_verification_stays_lossless_and_returns_fewer_drafts_than_proposed(reference, prompts):
     """The proposer returns a prefix of each request's drafts (spec/adaptive/observed.py): vLLM verifies fewer than
-    the drafter proposed, and the output is still vLLM's greedy output; the records sum to the counters."""
+    the drafter proposed, and the output is still vLLM's greedy output; the records sum to the counters. (vLLM 0.34+
+    trims the verified slots on the device and counts the scheduled ones: there only the output is checked.)"""
     generator = RolloutGenerator("default", speculative_config={**HISTORY, "enable_adaptive_verification": True},
                                  **ENGINE)
     for _ in range(2):
@@ -107,7 +110,7 @@ def test_adaptive_verification_stays_lossless_and_returns_fewer_drafts_than_prop
         _assert_same_as(batch, reference)
         records = [s.acceptance for s in batch.samples]
         assert batch.stats["num_draft_tokens"] == sum(r["num_draft_tokens"] for r in records) > 0
-    assert batch.stats["num_proposed_draft_tokens"] > batch.stats["num_draft_tokens"]
+    assert uses_registered_methods() or batch.stats["num_proposed_draft_tokens"] > batch.stats["num_draft_tokens"]
 
 
 def test_a_users_drafter_runs_and_its_faults_cost_only_drafts(reference, prompts):

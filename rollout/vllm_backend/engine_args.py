@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, PreTrainedModel
 
-from rollout.vllm_common import CONFIG_KEY, PROPOSER_CLASS
+from rollout.vllm_backend.versions import drafter_speculative_config, runs_project_drafter
 from spec import SpecConfig
 from spec.config import PROTOCOL_METHODS
 
@@ -44,12 +44,10 @@ def local_folder(path, field: str) -> str:
 def speculative_config(config: SpecConfig, draft_model) -> tuple[dict, dict]:
     """(vLLM's speculative_config dict, the additional_config entries it needs). vLLM's own drafters: to_vllm's dict,
     with `draft_model` (a folder) overriding the config's model, and no entries. This project's drafters
-    (PROTOCOL_METHODS): vLLM's custom_class hook builds PROPOSER_CLASS (proposer.py), which reads the whole config
-    from additional_config[CONFIG_KEY]; K's cap goes to vLLM, the schedule stays with the proposer."""
+    (PROTOCOL_METHODS): the form the installed vLLM runs them in (versions.py), the whole config in
+    additional_config[CONFIG_KEY]."""
     if config.method in PROTOCOL_METHODS:
-        config.check_vllm_protocol()
-        return ({"method": "custom_class", "model": PROPOSER_CLASS,
-                 "num_speculative_tokens": config.num_speculative_tokens}, {CONFIG_KEY: config.to_dict()})
+        return drafter_speculative_config(config)
     spec = config.to_vllm()
     if draft_model is not None:
         spec["model"] = local_folder(draft_model, "draft_model")
@@ -60,8 +58,8 @@ def speculative_config(config: SpecConfig, draft_model) -> tuple[dict, dict]:
 
 def drafter_folder(spec: dict | None) -> str | None:
     """The folder of the drafter a speculative config loads beside the target, whose KV cache counts too (None: none;
-    a custom_class's `model` is a class path, not a folder)."""
-    return None if not spec or spec.get("method") == "custom_class" else spec.get("model")
+    the project's drafters load no model)."""
+    return None if not spec or runs_project_drafter(spec) else spec.get("model")
 
 
 def kv_cache_bytes(model_path: str, drafter: str | None, max_num_seqs: int, max_model_len: int,

@@ -36,6 +36,7 @@ from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams, mix_seed
 from rollout.vllm_backend.engine_args import (FIXED_KWARGS, WORKER_EXTENSION, drafter_folder, kv_cache_bytes,
                                               local_folder, set_cpu_thread_binding, speculative_config)
+from rollout.vllm_backend.versions import drafter_reads_schedule, register_methods, runs_project_drafter
 from rollout.vllm_common import (PER_POSITION, VLLMCommon, acceptance_record, difference, engine_counters,
                                  make_sample, vllm_batch)
 from spec import SpecConfig
@@ -80,7 +81,7 @@ class VLLMBackend(VLLMCommon):
         self.max_model_len = default_max_model_len(hf_config, max_model_len)
         self.eos_token_ids = eos_token_ids(generation_config(self.model_path), hf_config)
         self.num_spec_tokens = 0 if config is None else config.num_speculative_tokens
-        self.uses_proposer = config is not None and config.method in PROTOCOL_METHODS  # proposer.py, in the workers
+        self.uses_proposer = config is not None and config.method in PROTOCOL_METHODS  # drafting.py, in the workers
         self.max_num_seqs = max_num_seqs
         _, self.dtype = default_device_dtype(None, dtype)
         kwargs = _engine_kwargs(vllm_kwargs, self.model_path, spec, max_num_seqs, self.max_model_len, self.dtype)
@@ -93,6 +94,7 @@ class VLLMBackend(VLLMCommon):
                       seed=seed, dtype=str(self.dtype).removeprefix("torch."), generation_config="vllm")
         _run_in_process()
         _prepare_platform(kwargs.get("tensor_parallel_size", 1))
+        register_methods()  # vLLM 0.34+ reads the project's methods here too, installed as a plugin or not
         shm_before = set(os.listdir(_SHM)) if os.path.isdir(_SHM) else set()
         self.llm = _build_llm(vllm, kwargs, spec)
         _unlink_at_exit(shm_before)
@@ -137,10 +139,11 @@ class VLLMBackend(VLLMCommon):
 
     def use_schedule(self, schedule: list[list[int]]) -> None:
         """Make the running engine follow `schedule` ([[start, end, K], ...], K capped at num_speculative_tokens)
-        (what `rollout tune --backend vllm` times). The project's drafters read it in their proposer, on every rank;
-        vLLM's own read its dense batch-size -> K lookup, written here in place, and need an engine built with a
-        schedule: only then does vLLM's scheduler read the lookup."""
-        if self.uses_proposer:
+        (what `rollout tune --backend vllm` times). On vLLM 0.32-0.33 the project's drafters read it in their
+        proposer, on every rank; otherwise vLLM's scheduler reads its dense batch-size -> K lookup, written here in
+        place, which needs an engine built with a schedule: only then does it read the lookup (the project's drafters
+        on 0.34+ are always built with one, versions.py)."""
+        if self.uses_proposer and drafter_reads_schedule():
             self.llm.collective_rpc("use_rollout_schedule", kwargs={"schedule": schedule})
             self.config = self.config.with_schedule(schedule)
             return
@@ -292,12 +295,14 @@ def _build_llm(vllm, kwargs: dict, spec: dict | None):
     except ValueError as e:  # pydantic's ValidationError is one
         reasons = "; ".join(error["msg"] for error in e.errors()) if isinstance(e, pydantic.ValidationError) else str(e)
         if (spec or {}).get("enable_adaptive_verification") and "adaptive" in reasons.lower():
+            fix = ("the project's drafters cut drafts per request through it on this vLLM (Model Runner V2 verifies "
+                   "a shorter prefix only there): give vLLM what it asks for" if runs_project_drafter(spec) else
+                   "use method 'history' (this project's drafter, adaptive on vLLM through its own policy) or the "
+                   "embedded engine (backend=\"embedded\"), which runs it for every drafter")
             raise NotImplementedError(
                 f"enable_adaptive_verification=True with method={spec['method']!r}: vLLM {vllm.__version__} does not "
                 f"run its adaptive verification here ({reasons}); set it to false (K then follows "
-                "num_speculative_tokens_per_batch_size), or use method 'history' (this project's drafter, adaptive "
-                "on vLLM through its proposer) or the embedded engine (backend=\"embedded\"), which runs it for "
-                "every drafter") from None
+                f"num_speculative_tokens_per_batch_size), or {fix}") from None
         if not isinstance(e, pydantic.ValidationError):
             raise
         raise ValueError(f"vLLM {vllm.__version__} rejected the engine config: {reasons} (speculative_config sent "

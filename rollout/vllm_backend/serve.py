@@ -4,10 +4,11 @@
 
 It takes vLLM's own flag names and passes every flag through; `--model default` is the shipped pair's target, with
 `rollout.default_speculative_config("vllm")` unless --speculative-config is given (as `python -m rollout generate`). A
-config of this project's drafters (`method: "history"` or a `custom_class` to the project's protocol) becomes vLLM's
-custom_class hook on rollout.vllm_backend.proposer.RolloutProposer, with the config in --additional-config; the
-server's worker imports it, so this package must be installed where the server runs: the launcher imports that
-class (and a custom_class drafter's) before the server starts and fails naming the module path it cannot import.
+config of this project's drafters (`method: "history"` or a `custom_class` to the project's protocol) becomes the form
+the installed vLLM runs them in (versions.py: vLLM's custom_class hook before 0.34, the project's registered method
+from 0.34), with the config in --additional-config; the server's processes import the project, so this package must
+be installed where the server runs: the launcher imports the classes the server will (a custom_class drafter's, the
+proposer before 0.34) and on 0.34+ checks the project's vLLM plugin is installed, failing before the server starts.
 
 It adds what the client (rollout/server_backend.py) relies on, unless the flag is given: `--logprobs-mode
 processed_logprobs`, `--per-request-spec-decode-metrics detailed`, `--generation-config vllm`,
@@ -46,7 +47,7 @@ from rollout.loading import default_max_model_len
 from rollout.vllm_backend.engine_args import (WORKER_EXTENSION, cpu_thread_binding, drafter_folder, kv_cache_bytes,
                                               speculative_config)
 from rollout.vllm_backend.guard import FOLDERS, FOLDERS_ENV
-from rollout.vllm_common import PROPOSER_CLASS
+from rollout.vllm_backend.versions import check_server_drafter
 from spec import SpecConfig
 from spec.config import PROTOCOL_METHODS
 from spec.proposers.custom import load_class
@@ -149,8 +150,8 @@ def _default_pair(args: list[str], known: argparse.Namespace) -> list[str]:
 
 def _project_drafter(args: list[str], known: argparse.Namespace) -> tuple[list[str], dict]:
     """(args without --additional-config, the additional config): a config of this project's drafters
-    (PROTOCOL_METHODS, e.g. "history") made what vLLM runs, its custom_class hook on PROPOSER_CLASS, with the config
-    added to the additional config given."""
+    (PROTOCOL_METHODS, e.g. "history") made what the installed vLLM runs (versions.py), with the config added to the
+    additional config given."""
     additional = _json_object(known.additional_config or "{}", "--additional-config")
     args = _without(args, "--additional-config")
     given = _json_object(known.speculative_config, "--speculative-config") if known.speculative_config else None
@@ -158,8 +159,8 @@ def _project_drafter(args: list[str], known: argparse.Namespace) -> tuple[list[s
         return args, additional
     config = SpecConfig.from_dict(given)
     spec, drafter = speculative_config(config, None)
-    for path in (PROPOSER_CLASS, *([config.model] if config.method == "custom_class" else [])):
-        load_class(path)  # the server's worker imports these: fail here, naming the path, not in its start-up
+    for path in check_server_drafter(config):
+        load_class(path)  # the server's processes import these: fail here, naming the path, not in its start-up
     known.speculative_config = json.dumps(spec)
     args = _without(args, "--speculative-config")
     return args + ["--speculative-config", known.speculative_config], {**additional, **drafter}

@@ -4,17 +4,21 @@ rollout serve` adds it).
 
 vLLM imports this module inside each worker during init_worker, before the model loads and before anything is
 sampled, in every layout: the in-process engine (TP = 1), the spawned workers of tensor parallelism, the worker
-process of the OpenAI server. Importing it applies the CPU sampler fix there (sampler_fix.py). vLLM then mixes the
-class into its worker class, so its methods are callable by name from `llm.collective_rpc(name, kwargs=...)` and
-from a dev-mode server's `POST /collective_rpc {"method": name, "kwargs": {...}}`, on every TP rank.
+process of the OpenAI server. Importing it applies the CPU sampler fix there (sampler_fix.py) and, on vLLM 0.34+,
+registers the project's speculative methods (versions.py; the plugin entry point does too, where the project is
+installed). vLLM then mixes the class into its worker class, so its methods are callable by name from
+`llm.collective_rpc(name, kwargs=...)` and from a dev-mode server's `POST /collective_rpc {"method": name, "kwargs":
+{...}}`, on every TP rank. The project's drafter is found in either runner by one helper (`_rollout_proposer`).
 """
 
 import glob
 import os
 
 from rollout.vllm_backend.sampler_fix import apply_cpu_sampling_fix, is_cpu_sampling_fixed
+from rollout.vllm_backend.versions import find_drafting, register_methods
 
 apply_cpu_sampling_fix()
+register_methods()
 
 
 class WorkerExtension:
@@ -48,7 +52,7 @@ class WorkerExtension:
         return repack_tied_lm_head(self.model_runner.get_model())
 
     def rollout_drafter_stats(self) -> dict | None:
-        """The project's proposer's cumulative counts on this rank (proposer.py), with its history drafter's requests
+        """The project's drafter's cumulative counts on this rank (drafting.py), with its history drafter's requests
         started and those whose prompt had history then; None under another drafter."""
         proposer = self._rollout_proposer()
         if proposer is None:
@@ -65,7 +69,8 @@ class WorkerExtension:
         return True
 
     def use_rollout_schedule(self, schedule: list[list[int]]) -> None:
-        """Make the project's proposer follow `schedule` ([[start, end, K], ...]) from its next step on."""
+        """Make the project's drafter follow `schedule` ([[start, end, K], ...]) from its next step on, where it
+        applies the schedule itself (vLLM 0.32-0.33; on 0.34+ vLLM's scheduler does: the backend writes it there)."""
         proposer = self._rollout_proposer(required="a schedule for the project's drafter")
         proposer.config = proposer.config.with_schedule(schedule)
 
@@ -86,17 +91,16 @@ class WorkerExtension:
         return history is not None
 
     def _rollout_history(self):
-        """The project's proposer's rollout history (spec/proposers/history.py), None where its drafter keeps none."""
+        """The project's drafter's rollout history (spec/proposers/history.py), None where it keeps none."""
         return getattr(getattr(self._rollout_proposer(), "drafter", None), "history", None)
 
     def _rollout_proposer(self, required: str | None = None):
-        from rollout.vllm_backend.proposer import RolloutProposer
-        drafter = getattr(self.model_runner, "drafter", None)
-        if not isinstance(drafter, RolloutProposer):
-            if required:
-                raise ValueError(f"{required} needs an engine that runs it (method 'history' or 'custom_class')")
-            return None
-        return drafter
+        """The project's drafter on this rank (drafting.RolloutDrafting: config, drafter, stats, vocab_size) under
+        either vLLM runner (versions.find_drafting); None under another drafter, or ValueError naming `required`."""
+        drafting = find_drafting(self.model_runner)
+        if drafting is None and required:
+            raise ValueError(f"{required} needs an engine that runs it (method 'history' or 'custom_class')")
+        return drafting
 
     def sampler_fix_applied(self) -> bool:
         """Whether this worker samples with the fixed CPU kernels (always true off the CPU build's bug path)."""

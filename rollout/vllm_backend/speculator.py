@@ -1,0 +1,126 @@
+"""This project's drafters on vLLM 0.34+: the Model Runner V2 speculator that the registered methods `history` and
+`custom_class` name (speculator_config.py, versions.register_methods); drafting.py does the drafting.
+
+What Model Runner V2 hands a speculator, and what this one does with it, per step:
+- `propose(input_batch, ..., num_sampled, num_rejected, last_sampled, ..., num_speculative_tokens=K)` after the
+  step's sampled tokens are committed to its request state (`req_states`: token ids [max_num_reqs, max_model_len],
+  committed lengths, prompt lengths, per request-state slot; `input_batch.idx_mapping` maps batch rows to slots).
+  The rows' counts and the token ids the drafter lacks are gathered on the device and read to the host in at most
+  three small copies (counts, new requests' whole histories, running requests' new tokens), so a step costs one
+  device sync, as the custom_class path's host-side token ids did;
+- K is vLLM's: its scheduler reads the schedule (`num_speculative_tokens_per_batch_size`, which versions.py always
+  sends) at the live batch size and passes the step's K; every request's drafts are verified at that width next
+  step, whatever this class returns;
+- the return value is a [num_reqs, num_speculative_steps] int64 tensor on the device. A request with fewer drafts
+  than K has the rest filled with its last token, as vLLM's own n-gram and suffix speculators fill theirs: the
+  runner writes drafts into the target's input ids, where a -1 placeholder (which its rejection sampler rejects) is
+  not a valid embedding index, so a filler is an ordinary draft that verification accepts or rejects losslessly;
+- the per-request cut: Model Runner V2 verifies fewer than K tokens for a request only through its own adaptive
+  verification (vllm/v1/worker/gpu/spec_decode/adaptive_verification.py: AdaptiveVerificationManager trims each
+  request's verified slots on the device, ranking them by the speculator's `draft_token_confidence_probs`). With
+  the project's `enable_adaptive_verification`, versions.py turns it on, and this class writes confidence 1 for
+  the drafts the project's policy kept (drafting.py, spec/adaptive/observed.py) and 0 for the rest, fillers
+  included, so vLLM's budget admits the policy's choice (docs/vllm_proposer.md says where it can differ);
+- `on_requests_finished` (before the slots are freed) finishes those requests: their outputs go to the history;
+- `reset_state` (after vLLM's warm-up requests) forgets what the warm-up taught the drafter.
+"""
+
+import time
+from typing import Iterable
+
+import torch
+from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
+
+from rollout.vllm_backend.drafting import RolloutDrafting, Row
+
+SOURCE = "rollout.vllm_backend.speculator.RolloutSpeculator"
+
+
+class RolloutSpeculator(BaseSpeculator):
+    """Built by vLLM's init_speculator with its VllmConfig, the device and the runner's request state."""
+
+    def __init__(self, vllm_config, device: torch.device, req_states):
+        self.drafting = RolloutDrafting(vllm_config, SOURCE)
+        self.device = device
+        self.req_states = req_states
+        self.num_speculative_steps = vllm_config.speculative_config.num_speculative_tokens  # the widest K
+        max_num_reqs = vllm_config.scheduler_config.max_num_seqs
+        self.drafts = torch.zeros(max_num_reqs, self.num_speculative_steps, dtype=torch.int64, device=device)
+        # read by the runner's adaptive verification (on where the project's is): 1 for a kept draft, else 0
+        self.enable_adaptive_verification = self.drafting.policy is not None
+        self.draft_token_confidence_probs = torch.zeros(max_num_reqs, self.num_speculative_steps,
+                                                        dtype=torch.float32, device=device)
+
+    def init_cudagraph_manager(self, cudagraph_mode) -> None:
+        """Nothing runs on the device here to capture."""
+
+    def capture(self) -> None:
+        """Nothing runs on the device here to capture."""
+
+    @torch.inference_mode()
+    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states, num_sampled,
+                num_rejected, last_sampled, next_prefill_tokens, temperature, seeds, dp_sync_state=None,
+                dummy_run: bool = False, skip_attn_for_dummy_run: bool = False, mm_inputs=None,
+                is_profile: bool = False, num_speculative_tokens: int | None = None) -> torch.Tensor:
+        num_reqs = input_batch.num_reqs
+        if dummy_run:
+            return self.drafts[:num_reqs].zero_()
+        rows = self._rows(input_batch, num_sampled)
+        start = time.perf_counter()  # after the device sync: drafter time is the host's own
+        starts = self.drafting.missing(rows)
+        tokens = self._read(input_batch.idx_mapping, rows, starts)
+        k = self.num_speculative_steps if num_speculative_tokens is None else num_speculative_tokens
+        drafts = self.drafting.propose(rows, tokens, min(k, self.num_speculative_steps), start)
+        return self._pack(drafts, tokens)
+
+    def on_requests_finished(self, finished_req_ids: Iterable[str]) -> None:
+        self.drafting.finish(sorted(finished_req_ids))  # sorted: every rank finishes in the same order
+
+    def reset_state(self) -> None:
+        self.drafting.reset()
+
+    def update_max_model_len(self, max_model_len: int) -> None:
+        self.drafting.max_model_len = max_model_len
+
+    def _rows(self, input_batch, num_sampled: torch.Tensor) -> list[Row]:
+        """The batch's rows: request id, prompt length, committed tokens and tokens sampled this step."""
+        num_reqs = input_batch.num_reqs
+        total_len = self.req_states.total_len.gpu[input_batch.idx_mapping[:num_reqs]]
+        counts = torch.stack([num_sampled[:num_reqs].to(torch.int64), total_len.to(torch.int64)]).tolist()
+        prompt_lens = self.req_states.prompt_len.np[input_batch.idx_mapping_np[:num_reqs]].tolist()
+        return [Row(req_id, num_prompt, num_tokens, num_new) for req_id, num_prompt, num_tokens, num_new
+                in zip(input_batch.req_ids[:num_reqs], prompt_lens, counts[1], counts[0])]
+
+    def _read(self, slots: torch.Tensor, rows: list[Row], starts: list[int]) -> list[list[int]]:
+        """Row i's committed token ids [starts[i], num_tokens): one gather for the requests new to the drafter (their
+        whole history) and one for the running ones (this step's tokens), so neither pads to the other's width."""
+        tokens = [[] for _ in rows]
+        for is_new in (True, False):
+            group = [i for i, (row, first) in enumerate(zip(rows, starts))
+                     if row.num_tokens > first and (first == 0) == is_new]
+            if group:
+                for i, ids in zip(group, self._gather(slots, [starts[i] for i in group],
+                                                      [rows[i].num_tokens - starts[i] for i in group], group)):
+                    tokens[i] = ids
+        return tokens
+
+    def _gather(self, slots: torch.Tensor, firsts: list[int], lengths: list[int], group: list[int]) -> list[list[int]]:
+        all_token_ids = self.req_states.all_token_ids.gpu  # [max_num_reqs, max_model_len]
+        columns = torch.tensor(firsts)[:, None] + torch.arange(max(lengths))  # [len(group), widest]
+        columns.clamp_(max=all_token_ids.shape[1] - 1)  # past a row's end: read, then cut below
+        rows = slots[torch.tensor(group, device=slots.device)]
+        block = all_token_ids[rows[:, None], columns.to(all_token_ids.device)].tolist()
+        return [ids[:n] for ids, n in zip(block, lengths)]
+
+    def _pack(self, drafts: list[list[int]], tokens: list[list[int]]) -> torch.Tensor:
+        """[num_reqs, num_speculative_steps] drafts on the device, each row filled with its last token; with
+        adaptive verification on, the confidences that make vLLM verify exactly the drafts kept."""
+        width = self.num_speculative_steps
+        fillers = [ids[-1] if ids else 0 for ids in tokens]
+        rows = [row + [filler] * (width - len(row)) for row, filler in zip(drafts, fillers)]
+        out = self.drafts[:len(rows)]
+        out.copy_(torch.tensor(rows, dtype=torch.int64).reshape(len(rows), width))
+        if self.enable_adaptive_verification:
+            kept = [[1.0] * len(row) + [0.0] * (width - len(row)) for row in drafts]
+            self.draft_token_confidence_probs[:len(rows)].copy_(torch.tensor(kept).reshape(len(rows), width))
+        return out
