@@ -48,7 +48,7 @@ class SpecConfig:
         bounds apply. Embedded engine only (vLLM's cache has no token bound; to_vllm refuses a non-default value).
     suffix_decoding_max_spec_factor: drafts per request at most this factor x the match length.
     history_max_rollouts_per_prompt: `history`: a prompt's latest rollouts kept as drafts for its next ones.
-    history_max_tokens: `history`: tokens kept over all prompts (4 bytes each), least recently used prompts evicted
+    history_max_tokens: `history`: tokens kept over all prompts, least recently used prompts evicted
         first. Embedded engine only, like the other history key.
     suffix_decoding_min_token_prob: stop speculating below this continuation frequency.
     draft_tensor_parallel_size, max_model_len, parallel_drafting, use_heterogeneous_vocab: passed to vLLM.
@@ -68,13 +68,12 @@ class SpecConfig:
     prompt_lookup_max: int = 5
     suffix_decoding_max_tree_depth: int = 24
     suffix_decoding_max_cached_requests: int = 10000
-    # the trie takes up to max_tree_depth nodes a token: 6.7 KB a token at depth 24 on text that never repeats
-    # (tracemalloc), so at most ~0.7 GB
+    # up to max_tree_depth nodes a token at 87 bytes a trie node (README): at depth 24, at most 0.21 GB
     suffix_decoding_max_cached_tokens: int = 100_000
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
     history_max_rollouts_per_prompt: int = 16
-    history_max_tokens: int = 50_000_000  # 200 MB of int32 tokens
+    history_max_tokens: int = 50_000_000  # at 4.4 bytes a stored rollout token (README), 220 MB
     draft_tensor_parallel_size: int | None = None
     max_model_len: int | None = None
     parallel_drafting: bool = False
@@ -136,7 +135,7 @@ class SpecConfig:
         check_int("history_max_rollouts_per_prompt", self.history_max_rollouts_per_prompt, 0,
                   hint=" (a prompt's latest rollouts kept as drafts; 0 keeps none)")
         check_int("history_max_tokens", self.history_max_tokens, 0,
-                  hint=" (tokens of history kept over all prompts, 4 bytes each; 0 keeps none)")
+                  hint=" (tokens of history kept over all prompts; 0 keeps none)")
 
     @classmethod
     def from_dict(cls, config: dict) -> "SpecConfig":

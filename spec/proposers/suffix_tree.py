@@ -4,8 +4,9 @@ SuffixDecoding (Oliaro et al. 2024, arXiv 2411.04975; arctic-inference's suffix 
 tail of a context against earlier token sequences and following the most frequent continuation. This trie holds
 every substring of length <= max_depth of the sequences inserted, each node counting the occurrences of its
 substring (the root's count is the number of tokens inserted); a node exists iff its count is > 0. It is
-uncompressed: up to max_depth nodes a token (fewer where sequences repeat each other). `nbytes()`: the bytes its C
-buffers hold.
+uncompressed: up to max_depth nodes a token (fewer where sequences repeat each other), 87 bytes a trie node (the
+README's figure, measured by tests/test_memory.py; 64 to 128 by how full the node array and the edge table are).
+`nbytes()`: the bytes its C buffers hold.
 
 `SuffixTree(max_depth)`, sequences keyed by integer ids (anything with __index__ is the int it returns); tokens are
 ints in int32's range (TypeError, OverflowError otherwise):
