@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spec.checks import check_int
+from spec.config_keys import check_keys
 
 FORMAT = 1  # in every file: a file of another format is not read
 
@@ -40,9 +40,7 @@ class HistoryStore:
     recently used prompts evicted first); 0 keeps nothing."""
 
     def __init__(self, max_rollouts_per_prompt: int = 16, max_tokens: int = 50_000_000):
-        check_int("history_max_rollouts_per_prompt", max_rollouts_per_prompt, 0,
-                  hint=" (outputs kept per prompt; 0 keeps no history)")
-        check_int("history_max_tokens", max_tokens, 0, hint=" (tokens kept over all prompts; 0 keeps no history)")
+        check_keys(history_max_rollouts_per_prompt=max_rollouts_per_prompt, history_max_tokens=max_tokens)
         self.max_rollouts_per_prompt = max_rollouts_per_prompt
         self.max_tokens = max_tokens
         self._prompts: OrderedDict[bytes, list[HistoryEntry]] = OrderedDict()  # least recently used first
