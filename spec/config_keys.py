@@ -1,6 +1,6 @@
 """Every key of the speculative config (SpecConfig, spec/config.py), defined once: its check (the one place its value
 is validated: SpecConfig and the drafters that take it as an argument call check_keys) and the engines that honour
-it. The README's config table is KEYS written out; tests/test_config_table.py holds the two equal.
+it. The README's config table is KEYS written out; tests/test_config_keys.py holds the two equal.
 
 Engines:
 - EMBEDDED: this package's engine (SpecConfig.check_embedded);
@@ -68,10 +68,6 @@ def _schedule(name: str, value) -> None:
         validate_ranges(value)
 
 
-def _bool(name: str, value) -> None:
-    check_bool(name, value)
-
-
 EMBEDDED_AND_PROJECT = frozenset({EMBEDDED, VLLM_PROJECT})
 ONLY_VLLM = frozenset({VLLM})
 NGRAM_ONLY = "read by method 'ngram', which vLLM runs as its own drafter; drop it"
@@ -84,7 +80,7 @@ KEYS: dict[str, Key] = {
                                                 "speculative config at all")),
     "model": Key(_model),
     "num_speculative_tokens_per_batch_size": Key(_schedule),
-    "enable_adaptive_verification": Key(_bool),
+    "enable_adaptive_verification": Key(check_bool),
     "rejection_sample_method": Key(_choice(REJECTION_SAMPLE_METHODS), ONLY_VLLM,
                                    "the others verify losslessly with 'standard'; drop it, or use one of vLLM's own "
                                    "drafters"),
@@ -108,8 +104,8 @@ KEYS: dict[str, Key] = {
                               EMBEDDED_AND_PROJECT, HISTORY_ONLY),
     "draft_tensor_parallel_size": Key(_optional_int(1), ONLY_VLLM, VLLMS_OWN, also_default=(1,)),
     "max_model_len": Key(_optional_int(1, hint=" (None: the target's)"), ONLY_VLLM, VLLMS_OWN),
-    "parallel_drafting": Key(_bool, ONLY_VLLM, VLLMS_OWN),
-    "use_heterogeneous_vocab": Key(_bool, ONLY_VLLM, VLLMS_OWN),
+    "parallel_drafting": Key(check_bool, ONLY_VLLM, VLLMS_OWN),
+    "use_heterogeneous_vocab": Key(check_bool, ONLY_VLLM, VLLMS_OWN),
 }
 
 
