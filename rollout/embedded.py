@@ -148,7 +148,11 @@ class EmbeddedBackend:
 
     def measure_step_times(self, prompt_ids=None, batch_sizes=None, ks=None) -> StepCostModel:
         """The step-cost model of these models on this hardware (spec/adaptive/step_cost.py), measured anew and
-        cached: its curves price any batch size and K, so the arguments are not needed."""
+        cached: its curves price any batch size and K, so the arguments are not needed. ValueError without a
+        speculative config: its K bounds the verification widths measured."""
+        if self.config is None:
+            raise ValueError("measure_step_times times the steps of a speculative config's K; this generator runs "
+                             "without one: build it with speculative_config=...")
         return self._measure_step_costs(self.speculation, refresh=True)
 
     def _measure_step_costs(self, speculation: Speculation, refresh: bool = False) -> StepCostModel:

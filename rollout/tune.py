@@ -1,5 +1,7 @@
 """`python -m rollout tune`: derive a target/draft pair's per-batch-size schedule on this hardware and print it as
-the speculative-config JSON that this engine and `vllm serve --speculative-config` both accept.
+speculative-config JSON, with the commands that accept it (accepted_by): `vllm serve --speculative-config` only for
+vLLM's own drafters; this project's (`method: "history"`, `custom_class`) run in a server that
+`python -m rollout serve` starts.
 
 `--backend embedded` (default) tunes this package's engine; `--backend vllm` tunes vLLM's (`vllm.LLM` in this
 process, built with the largest K and a schedule whose K the tuner overwrites, rollout/vllm_backend/step_times.py):
@@ -26,7 +28,9 @@ from rollout.default_task import default_prompts
 from rollout.generator import RolloutGenerator
 from rollout.prompt_files import read_prompts
 from rollout.sampling_params import SamplingParams
+from spec import SpecConfig
 from spec.adaptive.cost_profile import doubling_grid
+from spec.config import PROTOCOL_METHODS
 from spec.schedule import BatchSizeSchedule
 from spec.tuning import best_k, smallest_k_within, tuned_schedule
 
@@ -165,10 +169,33 @@ def _report(acceptance: list[float], predicted: dict, measured: dict, min_gain: 
     return "\n".join(lines)
 
 
+def accepted_by(config: dict) -> str:
+    """Which commands take `config` as their speculative config: the embedded engine's where it runs there; on
+    vLLM, `python -m rollout serve` always, and `vllm serve` only for vLLM's own drafters (it cannot load this
+    project's, which rollout serve installs through vLLM's custom_class hook)."""
+    spec = SpecConfig.from_dict(config)
+    is_project = spec.method in PROTOCOL_METHODS
+    takers, refusals = [], []
+    for check, names in ((spec.check_embedded, ["RolloutGenerator(speculative_config=...)", "python -m rollout generate"]),
+                         (spec.check_vllm_protocol if is_project else spec.to_vllm,
+                          ["RolloutGenerator(..., backend='vllm')", "python -m rollout serve"]
+                          + ([] if is_project else ["vllm serve"]))):
+        try:
+            check()
+            takers += names
+        except NotImplementedError as e:
+            refusals.append(str(e))
+    if is_project:
+        refusals.append(f"not vllm serve: method {spec.method!r} is this project's drafter, which only "
+                        "python -m rollout serve installs into vLLM")
+    return "this config is accepted by: " + (", ".join(takers) or "none") + "".join(f"; {r}" for r in refusals)
+
+
 def main(args, base_config: dict) -> None:
     config = tune(args, base_config)
     text = json.dumps(config)
     if args.output:
         with open(args.output, "w") as f:
             f.write(text + "\n")
+    print(accepted_by(config), file=sys.stderr)
     print(text)

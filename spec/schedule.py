@@ -18,9 +18,12 @@ FIELD = "num_speculative_tokens_per_batch_size"
 
 def validate_ranges(ranges) -> list[tuple[int, int, int]]:
     """The ranges as sorted (start, end, k) tuples; ValueError naming the rule that a range breaks."""
-    if not isinstance(ranges, (list, tuple)) or not ranges:
-        raise ValueError(f"{FIELD}={ranges!r}: expected a non-empty list of [range_start, range_end, K] "
-                         "entries, e.g. [[1, 8, 4], [9, 64, 1]]")
+    if not isinstance(ranges, (list, tuple)):
+        raise ValueError(f"{FIELD}={ranges!r}: expected a list of [range_start, range_end, K] entries, e.g. "
+                         "[[1, 8, 4], [9, 64, 1]]")
+    if not ranges:
+        raise ValueError(f"{FIELD}={ranges!r}: must not be empty (as in vLLM); give [range_start, range_end, K] "
+                         "entries, or leave the key out (None) for num_speculative_tokens at every batch size")
     parsed = sorted(_parse_entry(entry) for entry in ranges)
     if parsed[0][0] != 1:
         raise ValueError(f"{FIELD}: the first range starts at {parsed[0][0]}; it must start at batch size 1, "

@@ -92,7 +92,27 @@ def test_tune_prints_a_schedule_both_engines_accept(tmp_path):
     assert spec.num_speculative_tokens == max(1, max(k for *_, k in ranges))
     assert "acceptance per position" in result.stderr and "predicted K" in result.stderr
     assert "measured K" in result.stderr  # every K was timed at every batch size of the grid
+    assert "accepted by: RolloutGenerator" in result.stderr and "not vllm serve: method 'history'" in result.stderr
     assert list((tmp_path / "cache").glob("step_costs-*.json"))  # the measured costs are cached for later runs
+
+
+@pytest.mark.parametrize("config, takers, not_taken", [
+    ({"method": "history", "num_speculative_tokens": 4}, ["python -m rollout generate", "python -m rollout serve"],
+     "not vllm serve: method 'history' is this project's drafter"),
+    ({"method": "draft_model", "model": "/d", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size":
+      [[1, 8, 4], [9, 64, 1]]}, ["python -m rollout generate", "python -m rollout serve, vllm serve"], None),
+    ({"method": "suffix", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 8, 4]]},
+     ["python -m rollout generate"], "asserts one K"),
+    ({"method": "eagle3", "model": "/d", "num_speculative_tokens": 4}, ["python -m rollout serve, vllm serve"],
+     "method='eagle3' runs only on vLLM"),
+])
+def test_tune_says_which_commands_accept_its_config(config, takers, not_taken):
+    from rollout.tune import accepted_by
+
+    line = accepted_by(config)
+    assert all(taker in line for taker in takers), line
+    assert (not_taken in line) if not_taken else ";" not in line, line
+    assert ("vllm serve" in line.split(";")[0]) == (config["method"] in ("draft_model", "eagle3")), line
 
 
 def test_tune_without_a_drafter_is_refused(tmp_path):

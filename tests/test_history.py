@@ -59,21 +59,6 @@ def test_memory_stays_within_the_budget_over_200_calls():
         assert all(sum(e.count for e in entries) <= 8 for entries in store._prompts.values())
 
 
-def test_a_dataset_of_10k_prompts_fits_in_well_under_a_gigabyte():
-    """The issue's sizing: 10,000 prompts x 8 rollouts x 500 tokens (distinct) is 40M tokens, 160 MB of token arrays;
-    measured here on a tenth of it, arrays plus per-output bookkeeping."""
-    import tracemalloc
-    store = HistoryStore(max_rollouts_per_prompt=8, max_tokens=10 ** 9)
-    tracemalloc.start()
-    for p in range(1_000):
-        for r in range(8):
-            store.add([p, p + 1], np.arange(500, dtype=np.int32) + r)
-    used, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    assert store.num_tokens == 4_000_000
-    assert used / store.num_tokens < 5.0  # bytes per stored token: 4 of ids, under 1 of bookkeeping; x10 < 0.2 GB
-
-
 @pytest.mark.parametrize("kwargs, key", [({"history_max_rollouts_per_prompt": -1}, "history_max_rollouts_per_prompt"),
                                          ({"history_max_tokens": 1.5}, "history_max_tokens"),
                                          ({"history_max_tokens": True}, "history_max_tokens")])

@@ -6,9 +6,9 @@ from spec.schedule import BatchSizeSchedule, validate_ranges
 
 
 @pytest.mark.parametrize("ranges, message", [
-    ([], "non-empty list"),
-    ("1-8:4", "non-empty list"),
-    (None, "non-empty list"),
+    ([], "must not be empty"),
+    ("1-8:4", "expected a list"),
+    (None, "expected a list"),
     ([[1, 8]], "is not [range_start, range_end, K]"),
     ([[1, 8, 4, 2]], "is not [range_start, range_end, K]"),
     ([[1, 8, 2.5]], "must hold integers"),

@@ -7,6 +7,7 @@ from spec.proposers.base import DraftRequest
 from spec.proposers.ngram import NgramProposer
 from spec.proposers.suffix import MATCH_EVIDENCE, SuffixProposer
 from spec.proposers.suffix_tree import SuffixTree
+from trie_reference import brute_force_match, substring_counts
 
 
 def _request(req_id, group_id, prompt, output=()):
@@ -16,15 +17,6 @@ def _request(req_id, group_id, prompt, output=()):
 
 def _snapshot(trie):
     return trie.substring_counts()
-
-
-def _substring_counts(seqs, max_depth):
-    counts = {(): sum(len(seq) for seq in seqs)}
-    for seq in seqs:
-        for i in range(len(seq)):
-            for end in range(i + 1, min(i + max_depth, len(seq)) + 1):
-                counts[tuple(seq[i:end])] = counts.get(tuple(seq[i:end]), 0) + 1
-    return counts
 
 
 def _weighed(frequencies, match_length):
@@ -70,7 +62,7 @@ def test_counts_match_brute_force_on_random_sequences():
     for seq_id in rng.sample(sorted(seqs), 12):
         trie.remove(seq_id)
         del seqs[seq_id]
-    assert _snapshot(trie) == _substring_counts(seqs.values(), 5)
+    assert _snapshot(trie) == substring_counts([(seq, 1) for seq in seqs.values()], 5)
     assert trie.num_seqs == 8
 
 
@@ -133,27 +125,6 @@ def test_match_continues_past_max_depth():
     assert trie.match([9, 9], 10, 0.1) == ([], [], 0)
 
 
-def _brute_force_match(seqs, context, max_depth, max_tokens, min_token_prob):
-    """match() from substring counts alone (suffix_tree.py's contract, without a trie)."""
-    counts = _substring_counts(seqs, max_depth)
-
-    def children(path):
-        return {s[-1]: n for s, n in counts.items() if len(s) == len(path) + 1 and s[:-1] == path}
-
-    lengths = [n for n in range(1, min(max_depth - 1, len(context)) + 1) if children(tuple(context[len(context) - n:]))]
-    match_length = max(lengths, default=0)
-    path, drafts, probs = tuple(context[len(context) - match_length:]) if match_length else (), [], []
-    while match_length and len(drafts) < max_tokens and children(path):
-        following = children(path)
-        token = min(following, key=lambda t: (-following[t], t))
-        if following[token] / sum(following.values()) < min_token_prob:
-            break
-        drafts.append(token)
-        probs.append(following[token] / sum(following.values()))
-        path = (path + (token,))[-(max_depth - 1):] if len(path) + 1 == max_depth else path + (token,)
-    return drafts, probs, match_length
-
-
 def test_match_equals_brute_force_on_random_sequences():
     rng = random.Random(2)
     for _ in range(40):
@@ -169,8 +140,8 @@ def test_match_equals_brute_force_on_random_sequences():
             context = [rng.randrange(vocab) for _ in range(rng.randrange(0, 10))]
             k, min_prob = rng.randrange(0, 7), rng.choice([0.0, 0.3, 0.6])
             drafts, probs, length = trie.match(context, k, min_prob)
-            assert (drafts, pytest.approx(probs), length) == _brute_force_match(seqs.values(), context, max_depth, k,
-                                                                                min_prob)
+            counts = substring_counts([(seq, 1) for seq in seqs.values()], max_depth)
+            assert (drafts, probs, length) == brute_force_match(counts, context, max_depth, k, min_prob)
 
 
 def test_match_sequence_equals_match_of_its_tokens():

@@ -1,7 +1,11 @@
 """Weight sync (trainers/weight_sync.py): the generator's target equals the trained policy after each step, is left
-alone while global_step stands still, and takes a LoRA policy's merged weights."""
+alone while global_step stands still, and takes a LoRA policy's merged weights; under ZeRO-3 (a stand-in for
+deepspeed.zero that shards and releases as ZeRO-3 does) each weight is read inside its gather."""
 
+import contextlib
 import importlib.util
+import sys
+import types
 
 import pytest
 import torch
@@ -93,13 +97,71 @@ def test_zero3_without_deepspeed_says_how_to_install():
             pass
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                    reason="deepspeed is not installed; ZeRO-3 gathering (deepspeed.zero.GatheredParameters) untested")
-def test_zero3_gathering_yields_the_same_weights():
+class FakeZero3:
+    """deepspeed.zero as ZeRO-3 treats a model, for what weight sync relies on: outside GatheredParameters each
+    parameter holds an empty shard; inside, its whole tensor; on leaving, the whole tensor is released (zeroed here,
+    as reused memory would be overwritten), and changes made inside are dropped (no modifier_rank). So a reader that
+    keeps a tensor past its gather, or reads outside one, gets no weights."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.whole = {param: param.data.clone() for param in model.parameters()}
+        self.num_gathered = 0
+        for param in model.parameters():
+            param.data = torch.empty(0, dtype=param.dtype)
+
+    @contextlib.contextmanager
+    def GatheredParameters(self, params):  # noqa: N802 (deepspeed's name)
+        params = list(params)
+        for param in params:
+            param.data = self.whole[param].clone()
+        self.num_gathered += len(params)
+        try:
+            yield
+        finally:
+            for param in params:
+                param.data.zero_()
+                param.data = torch.empty(0, dtype=param.dtype)
+
+
+def _zero3(monkeypatch, model) -> FakeZero3:
+    fake = FakeZero3(model)
+    monkeypatch.setitem(sys.modules, "deepspeed", types.SimpleNamespace(zero=fake))
+    return fake
+
+
+def _target_weights(generator) -> dict[str, torch.Tensor]:
+    return {name: param.detach().clone() for name, param in generator.backend.runner.model.named_parameters()}
+
+
+def test_zero3_weights_are_read_inside_each_gather(monkeypatch):
     model = tiny_policy(0)
-    plain = dict(policy_weights(model, is_zero3=False))
-    for name, tensor in policy_weights(model, is_zero3=True):
-        assert torch.equal(tensor, plain[name])
+    expected = {name: param.detach().clone() for name, param in model.named_parameters()}
+    fake = _zero3(monkeypatch, model)
+    sizes, kept = [], []
+    for _, tensor in policy_weights(model, is_zero3=True):
+        sizes.append(tensor.numel())
+        kept.append(tensor)
+    assert sizes == [tensor.numel() for tensor in expected.values()]  # whole while read
+    assert not any(tensor.any() for tensor in kept)  # released after: a reader must copy inside the gather
+    generator = tiny_generator(target_seed=1)
+    assert generator.load_weights(policy_weights(model, is_zero3=True)) == len(expected)
+    target = _target_weights(generator)
+    assert all(torch.equal(target[name], tensor) for name, tensor in expected.items())
+    assert fake.num_gathered == 2 * len(expected)  # one parameter at a time, in each of the two reads
+    assert all(param.numel() == 0 for param in model.parameters())  # every gather released
+
+
+def test_zero3_lora_policy_syncs_merged_weights_gathered_once(monkeypatch):
+    from peft import get_peft_model
+    policy = get_peft_model(tiny_policy(0), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                       init_lora_weights=False))
+    expected = {name: tensor.clone() for name, tensor in policy_weights(policy)}  # merged, before sharding
+    fake = _zero3(monkeypatch, policy)
+    generator = tiny_generator(target_seed=1)
+    generator.load_weights(policy_weights(policy, is_zero3=True))
+    target = _target_weights(generator)
+    assert all(torch.equal(target[name], tensor) for name, tensor in expected.items())
+    assert fake.num_gathered == len(list(policy.parameters()))  # the whole model, once: merging needs it all
 
 
 def test_load_weights_rejects_a_different_architecture():

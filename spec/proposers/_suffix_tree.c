@@ -1,57 +1,39 @@
 /* The count-annotated, depth-capped suffix trie of spec/proposers/suffix_tree.py (the contract), in C: drafting
  * extends every running request's sequence every step, max_depth node updates a token. Nodes and edges: a Store
- * (_trie_store.h); a sequence: a PyCapsule in a dict keyed by its id (tokens, weight, suffix nodes). */
-#include "_trie_store.h"
+ * (_trie_store.h); a sequence: a PyCapsule in a dict keyed by its id, an exact int (tokens, weight, suffix nodes);
+ * the algorithms on them: _trie_ops.h. This file is their Python binding.
+ *
+ * Every method first converts its Python inputs into C (_trie_tokens.h; a token's __index__ may run any Python code,
+ * this trie's methods included), then updates the trie without running Python code, then builds its Python result.
+ * Updates are atomic: an update reserves its memory before it changes anything (appends: a token at a time, undone
+ * on failure), so on an error (a bad token, MemoryError) the trie is as it was. A lookup that finds a broken
+ * invariant raises RuntimeError and marks the trie corrupt: every later call raises too.
+ */
+#include "_trie_ops.h"
+#include "_trie_tokens.h"
 
-typedef struct {
-    int32_t *tokens;
-    Py_ssize_t len, cap;
-    int64_t weight;
-    int32_t *active;  /* active[i]: the node of the sequence's suffix of length i; active[0] = ROOT */
-    int num_active;
-} Seq;
-
-typedef struct {
-    PyObject_HEAD
-    int max_depth;
-    Store s;
-    int32_t *path;  /* scratch for matching: max_depth tokens */
-    PyObject *seqs;  /* seq id -> capsule(Seq) */
-} Trie;
+#ifndef SOURCE_HASH
+#define SOURCE_HASH ""  /* built without setup.py: suffix_tree.py refuses it as stale */
+#endif
 
 static const char *SEQ_CAPSULE = "spec.proposers._suffix_tree.Seq";
 
-/* --- conversions --- */
+/* --- arguments --- */
 
-static int as_token(PyObject *item, int32_t *out) {
-    long value = PyLong_AsLong(item);
-    if (value == -1 && PyErr_Occurred()) return -1;
-    if (value < INT32_MIN || value > INT32_MAX) {
-        PyErr_Format(PyExc_OverflowError, "token id %ld does not fit in 32 bits", value);
-        return -1;
-    }
-    *out = (int32_t)value;
-    return 0;
+static int check_usable(Trie *t) {
+    if (!t->is_corrupt) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "suffix trie: corrupt since an earlier broken invariant; build a new one");
+    return -1;
 }
 
-/* The last min(len(seq), limit) tokens of a Python sequence into buf; their number, or -1. */
-static Py_ssize_t tail_tokens(PyObject *seq, Py_ssize_t limit, int32_t *buf) {
-    PyObject *fast = PySequence_Fast(seq, "token ids must be a sequence of ints");
-    if (fast == NULL) return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), m = n < limit ? n : limit;
-    PyObject **items = PySequence_Fast_ITEMS(fast);
-    for (Py_ssize_t i = 0; i < m; i++)
-        if (as_token(items[n - m + i], &buf[i]) < 0) {
-            Py_DECREF(fast);
-            return -1;
-        }
-    Py_DECREF(fast);
-    return m;
+/* A seq id as an exact int (new reference): dict lookups by it then run no Python code. */
+static PyObject *seq_key(Trie *t, PyObject *seq_id) {
+    return check_usable(t) < 0 ? NULL : PyNumber_Index(seq_id);
 }
 
-static Seq *get_seq(Trie *t, PyObject *seq_id) {
-    PyObject *capsule = PyDict_GetItemWithError(t->seqs, seq_id);
-    if (capsule == NULL && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, seq_id);
+static Seq *get_seq(Trie *t, PyObject *key) {
+    PyObject *capsule = PyDict_GetItemWithError(t->seqs, key);
+    if (capsule == NULL && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
     return capsule == NULL ? NULL : PyCapsule_GetPointer(capsule, SEQ_CAPSULE);
 }
 
@@ -62,78 +44,65 @@ static void free_seq(PyObject *capsule) {
     PyMem_Free(seq);
 }
 
-/* --- core --- */
+static PyObject *new_seq_capsule(Trie *t, int64_t weight, Py_ssize_t cap) {
+    Seq *seq = PyMem_Calloc(1, sizeof(Seq));
+    if (seq == NULL) return PyErr_NoMemory();
+    seq->weight = weight;
+    seq->cap = cap > 16 ? cap : 16;
+    seq->tokens = PyMem_Malloc((size_t)seq->cap * sizeof(int32_t));
+    seq->active = PyMem_Malloc((size_t)t->max_depth * sizeof(int32_t));
+    PyObject *capsule = seq->tokens && seq->active ? PyCapsule_New(seq, SEQ_CAPSULE, free_seq) : NULL;
+    if (capsule == NULL) {
+        PyMem_Free(seq->tokens);
+        PyMem_Free(seq->active);
+        PyMem_Free(seq);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    }
+    seq->active[0] = ROOT;
+    seq->num_active = 1;
+    return capsule;
+}
 
-static int extend_seq(Trie *t, Seq *seq, PyObject **items, Py_ssize_t n) {
-    if (seq->len + n > seq->cap) {
-        Py_ssize_t cap = seq->cap * 2 > seq->len + n ? seq->cap * 2 : seq->len + n;
-        int32_t *tokens = PyMem_Realloc(seq->tokens, (size_t)cap * sizeof(int32_t));
-        if (tokens == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        seq->tokens = tokens;
-        seq->cap = cap;
+static int parse_weight(PyObject *weight_obj, int64_t *weight) {
+    long long value = weight_obj == NULL ? 1 : PyLong_CheckExact(weight_obj) ? PyLong_AsLongLong(weight_obj) : -1;
+    if (value == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (value < 1) {
+        PyErr_Format(PyExc_ValueError, "weight=%R: a sequence counts as an integer number >= 1 of sequences",
+                     weight_obj);
+        return -1;
     }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        int32_t token;
-        if (as_token(items[k], &token) < 0) return -1;
-        /* longest suffix first, so that active[i + 1] is written after active[i] is read */
-        for (int i = seq->num_active - 1; i >= 0; i--) {
-            int32_t child = edge_find(&t->s, seq->active[i], token);
-            if (child == NONE && (child = new_child(&t->s, seq->active[i], token)) == NONE) return -1;
-            t->s.nodes[child].count += seq->weight;
-            if (i + 1 < t->max_depth) seq->active[i + 1] = child;  /* a node at depth max_depth gets no children */
-        }
-        if (seq->num_active < t->max_depth) seq->num_active++;
-        seq->tokens[seq->len++] = token;
-        t->s.nodes[ROOT].count += seq->weight;
-    }
+    *weight = value;
     return 0;
 }
 
-static int extend_with(Trie *t, Seq *seq, PyObject *token_ids) {
-    PyObject *fast = PySequence_Fast(token_ids, "token_ids must be a sequence of ints");
-    if (fast == NULL) return -1;
-    int failed = extend_seq(t, seq, PySequence_Fast_ITEMS(fast), PySequence_Fast_GET_SIZE(fast));
-    Py_DECREF(fast);
-    return failed;
+/* --- results --- */
+
+/* (drafts, probs, match_length) as Python lists; frees drafts. */
+static PyObject *match_result(Draft *drafts, Py_ssize_t num_drafts, int match_length) {
+    PyObject *tokens = PyList_New(num_drafts), *probs = PyList_New(num_drafts);
+    for (Py_ssize_t i = 0; tokens != NULL && probs != NULL && i < num_drafts; i++) {
+        PyObject *token = PyLong_FromLong(drafts[i].token), *prob = PyFloat_FromDouble(drafts[i].prob);
+        PyList_SET_ITEM(tokens, i, token);
+        PyList_SET_ITEM(probs, i, prob);
+        if (token == NULL || prob == NULL) Py_CLEAR(tokens);
+    }
+    PyMem_Free(drafts);
+    if (tokens == NULL || probs == NULL) {
+        Py_XDECREF(tokens);
+        Py_XDECREF(probs);
+        return NULL;
+    }
+    return Py_BuildValue("(NNi)", tokens, probs, match_length);
 }
 
-/* (drafts, probs, match_length) from node, whose substring is path[0 .. path_len); path has room for max_depth. */
-static PyObject *speculate(Trie *t, int32_t node, int32_t *path, int path_len, Py_ssize_t max_tokens,
-                           double min_token_prob) {
-    int match_length = path_len;
-    PyObject *drafts = PyList_New(0), *probs = PyList_New(0);
-    if (drafts == NULL || probs == NULL) goto fail;
-    while (PyList_GET_SIZE(drafts) < max_tokens && node != NONE && t->s.nodes[node].first_child != NONE) {
-        int32_t best = NONE;
-        int64_t total = 0;
-        for (int32_t c = t->s.nodes[node].first_child; c != NONE; c = t->s.nodes[c].next_sibling) {
-            total += t->s.nodes[c].count;
-            if (best == NONE || t->s.nodes[c].count > t->s.nodes[best].count
-                || (t->s.nodes[c].count == t->s.nodes[best].count && t->s.nodes[c].token < t->s.nodes[best].token))
-                best = c;
-        }
-        double prob = (double)t->s.nodes[best].count / (double)total;
-        if (prob < min_token_prob) break;
-        PyObject *token = PyLong_FromLong(t->s.nodes[best].token), *p = PyFloat_FromDouble(prob);
-        int failed = token == NULL || p == NULL || PyList_Append(drafts, token) < 0 || PyList_Append(probs, p) < 0;
-        Py_XDECREF(token);
-        Py_XDECREF(p);
-        if (failed) goto fail;
-        path[path_len++] = t->s.nodes[best].token;
-        node = best;
-        if (path_len == t->max_depth) {  /* a suffix link: continue from the last max_depth - 1 tokens */
-            memmove(path, path + 1, (size_t)(--path_len) * sizeof(int32_t));
-            node = walk(&t->s, path, path_len);
-        }
+static PyObject *int_list(const int32_t *values, Py_ssize_t n) {
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t i = 0; list != NULL && i < n; i++) {
+        PyObject *value = PyLong_FromLong(values[i]);
+        if (value == NULL) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, i, value);
     }
-    return Py_BuildValue("(NNi)", drafts, probs, match_length);
-fail:
-    Py_XDECREF(drafts);
-    Py_XDECREF(probs);
-    return NULL;
+    return list;
 }
 
 /* --- methods --- */
@@ -164,110 +133,118 @@ static void Trie_dealloc(Trie *t) {
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
+/* add: the tokens converted, the sequence registered, then appended (or unregistered again where that fails). */
+static PyObject *add_seq(Trie *t, PyObject *key, int64_t weight, const Tokens *tokens) {
+    int present = PyDict_Contains(t->seqs, key);
+    if (present)
+        return present < 0 ? NULL : PyErr_Format(PyExc_ValueError, "sequence %R is already in the trie; use "
+                                                                   "extend() to append to it", key);
+    PyObject *capsule = new_seq_capsule(t, weight, tokens_len(tokens));
+    if (capsule == NULL || PyDict_SetItem(t->seqs, key, capsule) < 0) {
+        Py_XDECREF(capsule);
+        return NULL;
+    }
+    Seq *seq = PyCapsule_GetPointer(capsule, SEQ_CAPSULE);
+    Py_DECREF(capsule);  /* the dict holds it */
+    t->version++;
+    if (append_tokens(t, seq, tokens->ids, tokens_len(tokens)) < 0) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        if (PyDict_DelItem(t->seqs, key) < 0) PyErr_Clear();  /* an exact int key that is there: cannot fail */
+        PyErr_Restore(type, value, traceback);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *Trie_add(Trie *t, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"seq_id", "token_ids", "weight", NULL};
     PyObject *seq_id, *token_ids = NULL, *weight_obj = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OO", kwlist, &seq_id, &token_ids, &weight_obj)) return NULL;
-    int present = PyDict_Contains(t->seqs, seq_id);
-    if (present < 0) return NULL;
-    if (present)
-        return PyErr_Format(PyExc_ValueError, "sequence %R is already in the trie; use extend() to append to it",
-                            seq_id);
-    long long weight = 1;
-    if (weight_obj != NULL) {
-        weight = PyLong_CheckExact(weight_obj) ? PyLong_AsLongLong(weight_obj) : -1;
-        if (weight == -1 && PyErr_Occurred()) PyErr_Clear();
-        if (weight < 1)
-            return PyErr_Format(PyExc_ValueError,
-                                "weight=%R: a sequence counts as an integer number >= 1 of sequences", weight_obj);
-    }
-    Seq *seq = PyMem_Calloc(1, sizeof(Seq));
-    if (seq == NULL) return PyErr_NoMemory();
-    seq->weight = weight;
-    seq->active = PyMem_Malloc((size_t)t->max_depth * sizeof(int32_t));
-    PyObject *capsule = seq->active == NULL ? NULL : PyCapsule_New(seq, SEQ_CAPSULE, free_seq);
-    if (capsule == NULL) {
-        PyMem_Free(seq->active);
-        PyMem_Free(seq);
-        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
-    }
-    seq->active[0] = ROOT;
-    seq->num_active = 1;
-    int failed = PyDict_SetItem(t->seqs, seq_id, capsule);
-    Py_DECREF(capsule);
-    if (failed || (token_ids != NULL && extend_with(t, seq, token_ids) < 0)) return NULL;
-    Py_RETURN_NONE;
-}
-
-/* The (seq_id, token_ids) arguments of extend and extend_to: the sequence, *token_ids set; NULL with an error set. */
-static Seq *seq_and_tokens(Trie *t, PyObject *args, PyObject *kwds, PyObject **token_ids) {
-    static char *kwlist[] = {"seq_id", "token_ids", NULL};
-    PyObject *seq_id;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kwlist, &seq_id, token_ids)) return NULL;
-    return get_seq(t, seq_id);
+    int64_t weight;
+    if (parse_weight(weight_obj, &weight) < 0) return NULL;
+    PyObject *key = seq_key(t, seq_id), *result = NULL;
+    Tokens tokens = {NULL, 0, 0};
+    if (key != NULL && (token_ids == NULL || tokens_convert(token_ids, 0, PY_SSIZE_T_MAX, &tokens) == 0))
+        result = add_seq(t, key, weight, &tokens);
+    tokens_free(&tokens);
+    Py_XDECREF(key);
+    return result;
 }
 
 static PyObject *Trie_extend(Trie *t, PyObject *args, PyObject *kwds) {
-    PyObject *token_ids;
-    Seq *seq = seq_and_tokens(t, args, kwds, &token_ids);
-    return seq == NULL || extend_with(t, seq, token_ids) < 0 ? NULL : Py_NewRef(Py_None);
+    static char *kwlist[] = {"seq_id", "token_ids", NULL};
+    PyObject *seq_id, *token_ids;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kwlist, &seq_id, &token_ids)) return NULL;
+    PyObject *key = seq_key(t, seq_id);
+    Tokens tokens;
+    if (key == NULL || tokens_convert(token_ids, 0, PY_SSIZE_T_MAX, &tokens) < 0) {
+        Py_XDECREF(key);
+        return NULL;
+    }
+    Seq *seq = get_seq(t, key);  /* after the conversion, which may have run Python code */
+    int failed = seq == NULL || append_tokens(t, seq, tokens.ids, tokens_len(&tokens)) < 0;
+    tokens_free(&tokens);
+    Py_DECREF(key);
+    return failed ? NULL : Py_NewRef(Py_None);
+}
+
+/* extend_to once token_ids[first:] is converted: 1 (appended), 0 (not a continuation) or -1 (an error). */
+static int extend_seq_to(Trie *t, Seq *seq, const Tokens *tokens) {
+    if (tokens->total < seq->len) return 0;
+    for (Py_ssize_t i = tokens->first; i < seq->len; i++)
+        if (tokens->ids[i - tokens->first] != seq->tokens[i]) return 0;
+    Py_ssize_t num_new = tokens->total - seq->len;
+    return append_tokens(t, seq, tokens->ids + (seq->len - tokens->first), num_new) < 0 ? -1 : 1;
 }
 
 static PyObject *Trie_extend_to(Trie *t, PyObject *args, PyObject *kwds) {
-    PyObject *token_ids;
-    Seq *seq = seq_and_tokens(t, args, kwds, &token_ids);
+    static char *kwlist[] = {"seq_id", "token_ids", NULL};
+    PyObject *seq_id, *token_ids;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kwlist, &seq_id, &token_ids)) return NULL;
+    PyObject *key = seq_key(t, seq_id);
+    Seq *seq = key == NULL ? NULL : get_seq(t, key);
+    Py_XDECREF(key);  /* seq stays valid while the version stands */
     if (seq == NULL) return NULL;
-    PyObject *fast = PySequence_Fast(token_ids, "token_ids must be a sequence of ints");
-    if (fast == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    PyObject **items = PySequence_Fast_ITEMS(fast);
-    int result = n >= seq->len;  /* then 0: not a continuation, -1: an error */
-    for (Py_ssize_t i = seq->len - t->max_depth > 0 ? seq->len - t->max_depth : 0; result > 0 && i < seq->len; i++) {
-        int32_t token;
-        result = as_token(items[i], &token) < 0 ? -1 : token == seq->tokens[i];
-    }
-    if (result > 0 && extend_seq(t, seq, items + seq->len, n - seq->len) < 0) result = -1;
-    Py_DECREF(fast);
+    uint64_t version = t->version;
+    Tokens tokens;
+    if (tokens_convert(token_ids, seq->len > t->max_depth ? seq->len - t->max_depth : 0, PY_SSIZE_T_MAX, &tokens) < 0)
+        return NULL;
+    int result = t->version == version ? extend_seq_to(t, seq, &tokens) : -2;
+    tokens_free(&tokens);
+    if (result == -2)
+        PyErr_SetString(PyExc_RuntimeError, "extend_to: the trie changed while token_ids were converted (a token's "
+                                             "__index__ called into it); pass ints");
     return result < 0 ? NULL : PyBool_FromLong(result);
 }
 
 static PyObject *Trie_remove(Trie *t, PyObject *seq_id) {
-    Seq *seq = get_seq(t, seq_id);
-    if (seq == NULL) return NULL;
-    for (Py_ssize_t start = 0; start < seq->len; start++) {
-        int32_t node = ROOT;
-        for (Py_ssize_t i = start; i < seq->len && i < start + t->max_depth; i++) {
-            int32_t child = edge_find(&t->s, node, seq->tokens[i]);
-            if ((t->s.nodes[child].count -= seq->weight) == 0) {
-                if (delete_subtree(&t->s, child) < 0) return NULL;
-                break;
-            }
-            node = child;
-        }
-    }
-    t->s.nodes[ROOT].count -= seq->weight * seq->len;
-    if (PyDict_DelItem(t->seqs, seq_id) < 0) return NULL;
-    Py_RETURN_NONE;
+    PyObject *key = seq_key(t, seq_id);
+    Seq *seq = key == NULL ? NULL : get_seq(t, key);
+    int failed = seq == NULL || remove_seq(t, seq) < 0 || PyDict_DelItem(t->seqs, key) < 0;
+    Py_XDECREF(key);
+    return failed ? NULL : Py_NewRef(Py_None);
 }
 
 static PyObject *Trie_sequence(Trie *t, PyObject *seq_id) {
-    Seq *seq = get_seq(t, seq_id);
+    PyObject *key = seq_key(t, seq_id);
+    Seq *seq = key == NULL ? NULL : get_seq(t, key);
+    Py_XDECREF(key);
     if (seq == NULL) return NULL;
-    PyObject *list = PyList_New(seq->len);
-    for (Py_ssize_t i = 0; list != NULL && i < seq->len; i++) {
-        PyObject *token = PyLong_FromLong(seq->tokens[i]);
-        if (token == NULL) Py_CLEAR(list);
-        else PyList_SET_ITEM(list, i, token);
-    }
+    Py_ssize_t n = seq->len;
+    int32_t *copy = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int32_t));  /* int_list runs allocations, which may */
+    if (copy == NULL) return PyErr_NoMemory();                              /* collect garbage: copy the tokens out */
+    memcpy(copy, seq->tokens, (size_t)n * sizeof(int32_t));
+    PyObject *list = int_list(copy, n);
+    PyMem_Free(copy);
     return list;
 }
 
 static PyObject *Trie_count(Trie *t, PyObject *token_ids) {
-    Py_ssize_t n = PySequence_Length(token_ids);
-    if (n < 0) return NULL;
-    if (n > t->max_depth) return PyLong_FromLong(0);
-    if (tail_tokens(token_ids, n, t->path) < 0) return NULL;
-    int32_t node = walk(&t->s, t->path, n);
+    Tokens tokens;
+    if (check_usable(t) < 0 || tokens_convert(token_ids, 0, (Py_ssize_t)t->max_depth + 1, &tokens) < 0) return NULL;
+    int32_t node = tokens.total > t->max_depth ? NONE : walk(&t->s, tokens.ids, tokens.total);
+    tokens_free(&tokens);
     return PyLong_FromLongLong(node == NONE ? 0 : t->s.nodes[node].count);
 }
 
@@ -278,25 +255,15 @@ static PyObject *Trie_match(Trie *t, PyObject *args, PyObject *kwds) {
     double min_token_prob;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "Ond", kwlist, &context, &max_tokens, &min_token_prob))
         return NULL;
-    int32_t *buf = t->path;
-    Py_ssize_t m = tail_tokens(context, t->max_depth - 1, buf);
-    if (m < 0) return NULL;
-    /* the longest suffix with a child, by binary search: if s + x occurs, every suffix of s is followed by x */
-    int32_t best_node = NONE;
-    Py_ssize_t best_length = 0, lo = 1, hi = m;
-    while (lo <= hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        int32_t node = walk(&t->s, buf + m - mid, mid);
-        if (node != NONE && t->s.nodes[node].first_child != NONE) {
-            best_node = node;
-            best_length = mid;
-            lo = mid + 1;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    memmove(buf, buf + m - best_length, (size_t)best_length * sizeof(int32_t));
-    return speculate(t, best_node, buf, (int)best_length, max_tokens, min_token_prob);
+    Tokens tokens;
+    if (check_usable(t) < 0 || tokens_convert(context, 0, t->max_depth - 1, &tokens) < 0) return NULL;
+    Py_ssize_t length;
+    int32_t node = longest_match(t, tokens.ids, tokens_len(&tokens), &length);
+    memcpy(t->path, tokens.ids + tokens_len(&tokens) - length, (size_t)length * sizeof(int32_t));
+    tokens_free(&tokens);
+    Draft *drafts;
+    Py_ssize_t num_drafts = speculate(t, node, (int)length, max_tokens, min_token_prob, &drafts);
+    return num_drafts < 0 ? NULL : match_result(drafts, num_drafts, (int)length);
 }
 
 static PyObject *Trie_match_sequence(Trie *t, PyObject *args, PyObject *kwds) {
@@ -306,37 +273,56 @@ static PyObject *Trie_match_sequence(Trie *t, PyObject *args, PyObject *kwds) {
     double min_token_prob;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "Ond", kwlist, &seq_id, &max_tokens, &min_token_prob))
         return NULL;
-    Seq *seq = get_seq(t, seq_id);
+    PyObject *key = seq_key(t, seq_id);
+    Seq *seq = key == NULL ? NULL : get_seq(t, key);
+    Py_XDECREF(key);
     if (seq == NULL) return NULL;
     int length = seq->num_active - 1;
     while (length && t->s.nodes[seq->active[length]].first_child == NONE) length--;
     if (length) memcpy(t->path, seq->tokens + seq->len - length, (size_t)length * sizeof(int32_t));
-    return speculate(t, length ? seq->active[length] : NONE, t->path, length, max_tokens, min_token_prob);
-}
-
-/* counts[path] = the node's count, then each child's subtree; recursion is at most max_depth deep */
-static int collect_counts(Trie *t, int32_t node, PyObject *path, PyObject *counts) {
-    PyObject *count = PyLong_FromLongLong(t->s.nodes[node].count);
-    int failed = count == NULL || PyDict_SetItem(counts, path, count) < 0;
-    Py_XDECREF(count);
-    for (int32_t c = t->s.nodes[node].first_child; !failed && c != NONE; c = t->s.nodes[c].next_sibling) {
-        PyObject *token = Py_BuildValue("(i)", t->s.nodes[c].token);
-        PyObject *longer = token == NULL ? NULL : PySequence_Concat(path, token);
-        failed = longer == NULL || collect_counts(t, c, longer, counts) < 0;
-        Py_XDECREF(token);
-        Py_XDECREF(longer);
-    }
-    return failed ? -1 : 0;
+    Draft *drafts;
+    Py_ssize_t num_drafts = speculate(t, length ? seq->active[length] : NONE, length, max_tokens, min_token_prob,
+                                      &drafts);
+    return num_drafts < 0 ? NULL : match_result(drafts, num_drafts, length);
 }
 
 static PyObject *Trie_substring_counts(Trie *t, PyObject *unused) {
-    PyObject *counts = PyDict_New(), *root = PyTuple_New(0);
-    if (counts == NULL || root == NULL || collect_counts(t, ROOT, root, counts) < 0) Py_CLEAR(counts);
-    Py_XDECREF(root);
+    Substring *entries;
+    Py_ssize_t num_entries = check_usable(t) < 0 ? -1 : preorder(t, &entries);
+    if (num_entries < 0) return NULL;
+    int32_t *path = PyMem_Malloc((size_t)t->max_depth * sizeof(int32_t));  /* preorder: a node's path is its parent's */
+    PyObject *counts = path == NULL ? PyErr_NoMemory() : PyDict_New();      /* with its own token at its depth */
+    for (Py_ssize_t i = 0; counts != NULL && i < num_entries; i++) {
+        if (entries[i].depth) path[entries[i].depth - 1] = entries[i].token;
+        PyObject *list = int_list(path, entries[i].depth), *substring = list ? PyList_AsTuple(list) : NULL;
+        PyObject *count = PyLong_FromLongLong(entries[i].count);
+        if (substring == NULL || count == NULL || PyDict_SetItem(counts, substring, count) < 0) Py_CLEAR(counts);
+        Py_XDECREF(list);
+        Py_XDECREF(substring);
+        Py_XDECREF(count);
+    }
+    PyMem_Free(path);
+    PyMem_Free(entries);
     return counts;
 }
 
-static int Trie_contains(Trie *t, PyObject *seq_id) { return PyDict_Contains(t->seqs, seq_id); }
+static PyObject *Trie_nbytes(Trie *t, PyObject *unused) {
+    size_t total = store_nbytes(&t->s) + (size_t)t->max_depth * sizeof(int32_t);
+    Py_ssize_t pos = 0;
+    PyObject *key, *capsule;
+    while (PyDict_Next(t->seqs, &pos, &key, &capsule)) {
+        Seq *seq = PyCapsule_GetPointer(capsule, SEQ_CAPSULE);
+        total += sizeof(Seq) + ((size_t)seq->cap + t->max_depth) * sizeof(int32_t);
+    }
+    return PyLong_FromSize_t(total);
+}
+
+static int Trie_contains(Trie *t, PyObject *seq_id) {
+    PyObject *key = seq_key(t, seq_id);
+    int present = key == NULL ? -1 : PyDict_Contains(t->seqs, key);
+    Py_XDECREF(key);
+    return present;
+}
 
 static PyObject *Trie_get_max_depth(Trie *t, void *closure) { return PyLong_FromLong(t->max_depth); }
 static PyObject *Trie_get_num_seqs(Trie *t, void *closure) { return PyLong_FromSsize_t(PyDict_Size(t->seqs)); }
@@ -358,6 +344,7 @@ static PyMethodDef Trie_methods[] = {  /* the contract of each: spec/proposers/s
     {"match_sequence", (PyCFunction)(void (*)(void))Trie_match_sequence, METH_VARARGS | METH_KEYWORDS,
      "match_sequence(seq_id, max_tokens, min_token_prob) -> (drafts, probs, match_length)"},
     {"substring_counts", (PyCFunction)Trie_substring_counts, METH_NOARGS, "{substring: count}, the root as ()"},
+    {"nbytes", (PyCFunction)Trie_nbytes, METH_NOARGS, "bytes the trie's C buffers hold (nodes, edges, sequences)"},
     {NULL}};
 
 static PyGetSetDef Trie_getset[] = {
@@ -390,9 +377,8 @@ PyMODINIT_FUNC PyInit__suffix_tree(void) {
     if (PyType_Ready(&TrieType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    Py_INCREF(&TrieType);
-    if (PyModule_AddObject(m, "SuffixTree", (PyObject *)&TrieType) < 0) {
-        Py_DECREF(&TrieType);
+    if (PyModule_AddStringConstant(m, "SOURCE_HASH", SOURCE_HASH) < 0
+        || PyModule_AddObjectRef(m, "SuffixTree", (PyObject *)&TrieType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

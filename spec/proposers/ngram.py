@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from spec.config_keys import check_prompt_lookup
 from spec.proposers.base import DraftRequest, Proposal
 
 
@@ -25,11 +26,7 @@ class NgramProposer:
     """Stateless n-gram drafter; point proposals (draft_probs=None)."""
 
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int):
-        if prompt_lookup_min < 1:
-            raise ValueError(f"prompt_lookup_min={prompt_lookup_min} must be >= 1; the shortest pattern has one token")
-        if prompt_lookup_max < prompt_lookup_min:
-            raise ValueError(f"prompt_lookup_max={prompt_lookup_max} is below prompt_lookup_min={prompt_lookup_min}; "
-                             "set prompt_lookup_max >= prompt_lookup_min")
+        check_prompt_lookup(prompt_lookup_min, prompt_lookup_max)
         self.prompt_lookup_min = prompt_lookup_min
         self.prompt_lookup_max = prompt_lookup_max
 

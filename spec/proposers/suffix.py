@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from spec.checks import check_int, check_number
+from spec.config_keys import check_keys
 from spec.proposers.base import DraftRequest, Proposal
 from spec.proposers.history import HistoryStore
 from spec.proposers.suffix_tree import SuffixTree
@@ -48,7 +48,9 @@ class SuffixProposer:
 
     def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
                  min_token_prob: float = 0.1, max_cached_tokens: int = 100_000, history: HistoryStore | None = None):
-        _check_config(max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob, max_cached_tokens)
+        check_keys(suffix_decoding_max_tree_depth=max_tree_depth, suffix_decoding_max_cached_requests=max_cached_requests,
+                   suffix_decoding_max_spec_factor=max_spec_factor, suffix_decoding_min_token_prob=min_token_prob,
+                   suffix_decoding_max_cached_tokens=max_cached_tokens)
         self.history = history
         self.max_tree_depth = max_tree_depth
         self.max_cached_requests = max_cached_requests
@@ -182,14 +184,3 @@ class SuffixProposer:
         self._global_trie.add(seq_id, output_token_ids)
         self._cached_seq_ids.append(seq_id)
 
-
-def _check_config(max_tree_depth: int, max_cached_requests: int, max_spec_factor: float, min_token_prob: float,
-                  max_cached_tokens: int) -> None:
-    check_int("suffix_decoding_max_tree_depth", max_tree_depth, 2, hint=" (vLLM's default is 24)")
-    for name, value in (("suffix_decoding_max_cached_requests", max_cached_requests),
-                        ("suffix_decoding_max_cached_tokens", max_cached_tokens)):
-        check_int(name, value, 0, hint=" (0 disables the global cache of finished outputs)")
-    check_number("suffix_decoding_max_spec_factor", max_spec_factor, ">= 0 (vLLM's default is 1.0)",
-                 lambda factor: factor >= 0)
-    check_number("suffix_decoding_min_token_prob", min_token_prob, "in [0, 1] (vLLM's default is 0.1)",
-                 lambda prob: 0 <= prob <= 1)

@@ -1,0 +1,91 @@
+"""The suffix trie's contract (spec/proposers/suffix_tree.py) by brute force: the sequences kept as plain lists, every
+answer recomputed from their substrings. test_suffix.py and the randomised operation sequences (trie_fuzz.py) check
+the compiled trie against it. Standard library only: the sanitizer stage (.ci/sanitize_trie.sh) runs it without
+torch."""
+
+
+def substring_counts(seqs, max_depth: int) -> dict[tuple, int]:
+    """{substring: occurrences} over (tokens, weight) pairs, substrings of 1 .. max_depth tokens, each occurrence
+    counted weight times; the root () counts every token."""
+    counts = {(): sum(len(tokens) * weight for tokens, weight in seqs)}
+    for tokens, weight in seqs:
+        for i in range(len(tokens)):
+            for end in range(i + 1, min(i + max_depth, len(tokens)) + 1):
+                key = tuple(tokens[i:end])
+                counts[key] = counts.get(key, 0) + weight
+    return counts
+
+
+def brute_force_match(counts: dict[tuple, int], context, max_depth: int, max_tokens: int, min_token_prob: float):
+    """match() from substring counts alone: (drafts, probs, match_length)."""
+    children: dict[tuple, dict[int, int]] = {}
+    for substring, count in counts.items():
+        if substring:
+            children.setdefault(substring[:-1], {})[substring[-1]] = count
+    context = list(context)
+    lengths = [n for n in range(1, min(max_depth - 1, len(context)) + 1) if tuple(context[len(context) - n:]) in children]
+    match_length = max(lengths, default=0)
+    path, drafts, probs = tuple(context[len(context) - match_length:]) if match_length else (), [], []
+    while match_length and len(drafts) < max_tokens and path in children:
+        following = children[path]
+        token = min(following, key=lambda t: (-following[t], t))
+        prob = following[token] / sum(following.values())
+        if prob < min_token_prob:
+            break
+        drafts.append(token)
+        probs.append(prob)
+        path = (path + (token,))[-(max_depth - 1):] if len(path) + 1 == max_depth else path + (token,)
+    return drafts, probs, match_length
+
+
+class ReferenceTrie:
+    """SuffixTree's methods on plain lists."""
+
+    def __init__(self, max_depth: int):
+        self.max_depth = max_depth
+        self.seqs: dict[int, tuple[list[int], int]] = {}  # seq_id -> (tokens, weight)
+
+    def add(self, seq_id: int, token_ids=(), weight: int = 1) -> None:
+        assert seq_id not in self.seqs
+        self.seqs[seq_id] = (list(token_ids), weight)
+
+    def extend(self, seq_id: int, token_ids) -> None:
+        self.seqs[seq_id][0].extend(token_ids)
+
+    def extend_to(self, seq_id: int, token_ids) -> bool:
+        tokens, token_ids = self.seqs[seq_id][0], list(token_ids)
+        checked = max(0, len(tokens) - self.max_depth)
+        if len(token_ids) < len(tokens) or token_ids[checked:len(tokens)] != tokens[checked:]:
+            return False
+        tokens.extend(token_ids[len(tokens):])
+        return True
+
+    def remove(self, seq_id: int) -> None:
+        del self.seqs[seq_id]
+
+    def sequence(self, seq_id: int) -> list[int]:
+        return list(self.seqs[seq_id][0])
+
+    def substring_counts(self) -> dict[tuple, int]:
+        return substring_counts(self.seqs.values(), self.max_depth)
+
+    def count(self, token_ids) -> int:
+        return self.substring_counts().get(tuple(token_ids), 0)
+
+    def match(self, context, max_tokens: int, min_token_prob: float):
+        return brute_force_match(self.substring_counts(), context, self.max_depth, max_tokens, min_token_prob)
+
+    def match_sequence(self, seq_id: int, max_tokens: int, min_token_prob: float):
+        return self.match(self.seqs[seq_id][0], max_tokens, min_token_prob)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(tokens) * weight for tokens, weight in self.seqs.values())
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.substring_counts())
