@@ -38,7 +38,7 @@ def server_client(tmp_path_factory):
     server = Server(["--model", "default", "--speculative-config", json.dumps(HISTORY), "--max-model-len",
                      str(SHAPE["max_model_len"]), "--max-num-seqs", str(SHAPE["max_num_seqs"])],
                     tmp_path_factory.mktemp("contract_server") / "server.log")
-    yield RolloutGenerator(backend="server", base_url=server.url)
+    yield RolloutGenerator(**server.client_kwargs)
     server.stop()
 
 
