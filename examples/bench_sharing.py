@@ -138,6 +138,7 @@ def summarise(run: dict, args, wall: float) -> dict:
                        "tokens_per_s": sum(e["spec/num_completion_tokens"] for e in logs) / rollout_s,
                        "history_hit_rate": _mean(logs, "spec/history_hit_rate"),
                        "share_fraction": sum(e.get("spec/history_share_s", 0.0) for e in logs) / rollout_s,
+                       "server_load_imbalance": _mean(logs, "spec/server_load_imbalance"),
                        "mean_reward": _mean(logs, "reward")})
     return {"epochs": epochs, "wall_s": wall}
 

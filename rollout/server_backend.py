@@ -11,7 +11,8 @@ Failover. With several servers, each one a call routes prompts to is probed firs
 probe_timeout_s); a server that does not answer, or that becomes unreachable during the call after its own
 reconnection attempts, has its prompts sent to the next server in list order (wrapping around). Nothing is lost:
 the call fails only when no server is left. It warns and names the servers skipped in `stats["skipped_servers"]`;
-`stats["rows_per_server"]` counts the rows each server ran.
+`stats["rows_per_server"]` counts the rows each server ran, and `spec/server_load_imbalance` (in the trainer's logs)
+is the busiest server's rows over the mean.
 
 Weights. One checkpoint per distinct weights_dir of the servers (one in all when they share a folder), then every
 server reloads once; several trainer processes sharing the servers leave this to one writer (trainers/weight_sync.py).
@@ -207,6 +208,8 @@ class ServerBackend(VLLMCommon):
             warnings.warn(f"servers skipped (down): {skipped}; their prompts ran on the next server in order",
                           RuntimeWarning, stacklevel=3)
         batch.stats.update(rows_per_server=rows, skipped_servers=skipped)
+        if len(self.servers) > 1:  # the busiest server's rows over the mean: 1.0 is an even spread
+            batch.metrics["spec/server_load_imbalance"] = max(rows.values()) * len(rows) / max(sum(rows.values()), 1)
         return batch
 
     def _load(self, role: str, named_tensors) -> int:

@@ -38,8 +38,10 @@ def server_client(tmp_path_factory):
     server = Server(["--model", "default", "--speculative-config", json.dumps(HISTORY), "--max-model-len",
                      str(SHAPE["max_model_len"]), "--max-num-seqs", str(SHAPE["max_num_seqs"])],
                     tmp_path_factory.mktemp("contract_server") / "server.log")
-    yield RolloutGenerator(**server.client_kwargs)
-    server.stop()
+    try:
+        yield RolloutGenerator(**server.client_kwargs)
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)

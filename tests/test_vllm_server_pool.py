@@ -54,6 +54,7 @@ def test_each_prompt_runs_on_its_server_and_every_sample_comes_back(pool, server
     routed = [route(s.prompt_ids, 2) for s in batch.samples]
     assert batch.stats["rows_per_server"] == {servers[0].url: routed.count(0), servers[1].url: routed.count(1)}
     assert 0 < routed.count(0) < 32 and batch.stats["skipped_servers"] == []
+    assert batch.metrics["spec/server_load_imbalance"] == max(routed.count(0), routed.count(1)) / 16
 
 
 def test_a_weight_sync_reaches_every_server(pool):
