@@ -6,7 +6,8 @@ Engines:
 - EMBEDDED: this package's engine (SpecConfig.check_embedded);
 - VLLM: vLLM running one of its own drafters (SpecConfig.to_vllm);
 - VLLM_PROJECT: vLLM running this project's drafters (PROTOCOL_METHODS: `history`, `custom_class`) through its
-  custom_class hook; the proposer in vLLM's workers reads the whole config (SpecConfig.check_vllm_protocol).
+  custom_class hook (0.32/0.33) or as a registered speculator (0.34+); the drafter in vLLM's workers reads the whole
+  config (SpecConfig.check_vllm_protocol).
 An engine that does not honour a key refuses it (NotImplementedError) when it is set away from its default: a config
 never means less on one engine than on another without saying so.
 """
