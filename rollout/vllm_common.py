@@ -35,6 +35,7 @@ PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 # (vllm_backend/proposer.py), and the key of vLLM's additional_config that holds the project's speculative config on
 # every vLLM (vllm_backend/versions.py)
 PROPOSER_CLASS = "rollout.vllm_backend.proposer.RolloutProposer"
+WORKER_EXTENSION = "rollout.vllm_backend.worker.WorkerExtension"
 CONFIG_KEY = "rollout_speculative_config"
 # where the server's /server_info holds its folders (weights_dir, history_dir) for the client (vllm_backend/guard.py)
 SERVER_KEY = "rollout_server"

@@ -102,3 +102,23 @@ def test_the_worker_finds_the_drafter_under_either_runner():
     v2 = type("V2Runner", (), {"speculator": type("Speculator", (), {"drafting": drafting})()})()
     assert versions.find_drafting(v1) is drafting and versions.find_drafting(v2) is drafting
     assert versions.find_drafting(type("Other", (), {"drafter": object(), "speculator": None})()) is None
+
+
+class _Proposer(versions.RolloutProposer):
+    def __init__(self):  # no engine: the runner's hand-off is all that is checked
+        self.model_runner = None
+
+
+def test_the_proposer_is_handed_its_runner_and_another_runner_fails_the_start():
+    """The worker extension calls attach_runner when vLLM sets the worker's model_runner (the runner has built the
+    proposer by then; tests/test_vllm_proposer.py runs it inside vLLM): the custom_class proposer gets the runner,
+    whose input batch it reads each step. A runner without such a batch (another vLLM) fails there, at start-up,
+    naming the supported versions; other drafters are left alone."""
+    batch = type("InputBatch", (), {name: None for name in versions.V1_BATCH_FIELDS})()
+    runner = type("V1Runner", (), {"drafter": _Proposer(), "input_batch": batch})()
+    versions.attach_runner(runner)
+    assert runner.drafter.model_runner is runner
+    other = type("OtherRunner", (), {"drafter": _Proposer(), "input_batch": object()})()
+    with pytest.raises(RuntimeError, match=r"req_ids.*0\.32-0\.33 .* 0\.34\+"):
+        versions.attach_runner(other)
+    versions.attach_runner(type("Runner", (), {"drafter": object()})())  # another drafter: nothing to hand over

@@ -22,8 +22,6 @@ from transformers import AutoConfig, PreTrainedModel
 from rollout.vllm_backend.versions import drafter_speculative_config, runs_project_drafter
 from spec import SpecConfig
 from spec.config import PROTOCOL_METHODS
-
-WORKER_EXTENSION = "rollout.vllm_backend.worker.WorkerExtension"
 KV_SLACK_TOKENS = 64  # per request: vLLM allocates whole blocks and room for the drafts of the last step
 # LLM(...) arguments the in-process backend sets from its own: passing them in vllm_kwargs would break what it returns.
 FIXED_KWARGS = ("model", "tokenizer", "skip_tokenizer_init", "speculative_config", "per_request_spec_decode_metrics",

@@ -34,11 +34,11 @@ from transformers import AutoConfig
 from rollout.loading import default_device_dtype, default_max_model_len, eos_token_ids, generation_config
 from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams, mix_seed
-from rollout.vllm_backend.engine_args import (FIXED_KWARGS, WORKER_EXTENSION, drafter_folder, kv_cache_bytes,
-                                              local_folder, set_cpu_thread_binding, speculative_config)
+from rollout.vllm_backend.engine_args import (FIXED_KWARGS, drafter_folder, kv_cache_bytes, local_folder,
+                                              set_cpu_thread_binding, speculative_config)
 from rollout.vllm_backend.versions import drafter_reads_schedule, register_methods, runs_project_drafter
-from rollout.vllm_common import (PER_POSITION, VLLMCommon, acceptance_record, difference, engine_counters,
-                                 make_sample, vllm_batch)
+from rollout.vllm_common import (PER_POSITION, WORKER_EXTENSION, VLLMCommon, acceptance_record, difference,
+                                 engine_counters, make_sample, vllm_batch)
 from spec import SpecConfig
 from spec.config import PROTOCOL_METHODS
 

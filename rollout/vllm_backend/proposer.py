@@ -4,8 +4,9 @@
 Each step vLLM's V1 model runner calls `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`, one row per
 running request, and verifies the lists returned (any length up to K) as point drafts with its lossless rejection
 sampler. What the drafter needs beyond token ids, the runner's input batch has: the request ids and prompt lengths.
-The runner hands this class no reference to it, so the first call takes it from the calling frame (the runner's
-`propose_draft_token_ids`), checked to be the batch whose token ids were passed, and keeps the runner.
+The runner hands this class no reference to itself; the worker extension (worker.py) does, when vLLM sets the
+worker's runner (versions.attach_runner, which fails the start-up on a runner without such a batch). Each call
+reads the runner's current input batch (vLLM may rebuild it), checked to be the one whose token ids were passed.
 
 vLLM tells a custom_class proposer no K: K is the config's schedule at the live batch size
 (`num_speculative_tokens_per_batch_size`, else num_speculative_tokens), which is not sent to vLLM. Requests that left
@@ -13,11 +14,10 @@ the input batch since the last step are finished; a call's last requests are fin
 before it drafts.
 """
 
-import sys
 import time
 
 from rollout.vllm_backend.drafting import RolloutDrafting, Row
-from rollout.vllm_common import PROPOSER_CLASS
+from rollout.vllm_common import PROPOSER_CLASS, WORKER_EXTENSION
 
 
 class RolloutProposer:
@@ -25,11 +25,11 @@ class RolloutProposer:
 
     def __init__(self, vllm_config):
         self.drafting = RolloutDrafting(vllm_config, PROPOSER_CLASS)
-        self._runner = None
+        self.model_runner = None  # vLLM's model runner, handed over by the worker extension (versions.attach_runner)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]:
         start = time.perf_counter()
-        batch = self._input_batch(token_ids_cpu, sys._getframe(1))
+        batch = self._input_batch(token_ids_cpu)
         self.drafting.finish(self.drafting.tracked_ids() - set(batch.req_id_to_index))
         rows = [Row(batch.req_ids[i], int(batch.num_prompt_tokens[i]), int(num_tokens_no_spec[i]), len(sampled))
                 for i, sampled in enumerate(sampled_token_ids)]
@@ -41,16 +41,15 @@ class RolloutProposer:
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's hook for a drafter's weights: the model-free drafters have none."""
 
-    def _input_batch(self, token_ids_cpu, caller):
+    def _input_batch(self, token_ids_cpu):
         """The runner's input batch whose token ids vLLM passed (module docstring)."""
-        if self._runner is None:
-            runner = caller.f_locals.get("self")
-            if getattr(getattr(runner, "input_batch", None), "token_ids_cpu", None) is not token_ids_cpu:
-                raise RuntimeError(f"{PROPOSER_CLASS} was called by {caller.f_code.co_name}, not by a vLLM model "
-                                   "runner's propose_draft_token_ids with its input batch; this vLLM version calls "
-                                   "custom_class proposers otherwise (tested with vLLM's V1 runner, 0.32-0.33)")
-            self._runner = runner
-        batch = self._runner.input_batch
+        if self.model_runner is None:
+            raise RuntimeError(f"{PROPOSER_CLASS} was given no model runner: it runs in a vLLM worker with the "
+                               f"project's worker extension ({WORKER_EXTENSION}: worker_extension_cls, or "
+                               "--worker-extension-cls for a server), which RolloutGenerator(backend='vllm') and "
+                               "`python -m rollout serve` add")
+        batch = self.model_runner.input_batch
         if batch.token_ids_cpu is not token_ids_cpu:
-            raise RuntimeError(f"{PROPOSER_CLASS}: the runner's input batch changed under the proposer")
+            raise RuntimeError(f"{PROPOSER_CLASS}: the token ids vLLM passed are not its runner's input batch's; "
+                               "this vLLM calls custom_class proposers otherwise (tested with its V1 runner, 0.32)")
         return batch

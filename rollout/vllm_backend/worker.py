@@ -1,4 +1,4 @@
-"""The worker extension vLLM loads in its worker processes: `worker_extension_cls=WORKER_EXTENSION` (engine_args.py)
+"""The worker extension vLLM loads in its worker processes: `worker_extension_cls=WORKER_EXTENSION` (vllm_common.py)
 for `vllm.LLM`, `--worker-extension-cls rollout.vllm_backend.worker.WorkerExtension` for a server (`python -m
 rollout serve` adds it).
 
@@ -9,13 +9,20 @@ registers the project's speculative methods (versions.py; the plugin entry point
 installed). vLLM then mixes the class into its worker class, so its methods are callable by name from
 `llm.collective_rpc(name, kwargs=...)` and from a dev-mode server's `POST /collective_rpc {"method": name, "kwargs":
 {...}}`, on every TP rank. The project's drafter is found in either runner by one helper (`_rollout_proposer`).
+
+The extension is also where the project's drafter meets the worker: vLLM sets `self.model_runner` when the worker
+builds its runner (the runner builds the drafter), and the extension's `model_runner` property hands that runner to
+the custom_class proposer (versions.attach_runner: vLLM 0.32-0.33), which reads each step's request ids from it. A
+vLLM whose runner lacks what the proposer reads fails there, at start-up, naming the supported versions. (vLLM
+refuses an extension whose attributes its worker class already has, and sets model_runner per instance: the
+property stands.)
 """
 
 import glob
 import os
 
 from rollout.vllm_backend.sampler_fix import apply_cpu_sampling_fix, is_cpu_sampling_fixed
-from rollout.vllm_backend.versions import find_drafting, register_methods
+from rollout.vllm_backend.versions import attach_runner, find_drafting, register_methods
 
 apply_cpu_sampling_fix()
 register_methods()
@@ -23,6 +30,17 @@ register_methods()
 
 class WorkerExtension:
     """Methods added to vLLM's worker (`self` is the worker: self.model_runner, self.vllm_config)."""
+
+    @property
+    def model_runner(self):
+        """vLLM's model runner of this worker, as vLLM set it (None before)."""
+        return self.__dict__.get("_rollout_model_runner")
+
+    @model_runner.setter
+    def model_runner(self, runner) -> None:
+        self.__dict__["_rollout_model_runner"] = runner
+        if runner is not None:
+            attach_runner(runner)  # the project's proposer learns its runner here (module docstring)
 
     def reload_draft_weights(self, weights=None, weights_path: str | None = None) -> int:
         """Load the draft model's weights in place: `weights` ((HF name, tensor) pairs, in-process) or the
