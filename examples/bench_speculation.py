@@ -15,7 +15,7 @@ interleaved (the arm order rotates every repeat) so that machine noise hits ever
 prompts and a new seed (the same for every arm), and tokens/s is all repeats' tokens over their time: a small
 batch's speed depends on how its completions happen to end, so it gets `--repeats` rollouts and larger batches
 proportionally fewer, at least `--min-repeats` (the machine's timing noise is then what is left to average out).
-Adaptive arms keep their calibration and refined costs across calls, as a training run does, and start afresh for
+Adaptive arms keep their calibration and fitted costs across calls, as a training run does, and start afresh for
 each workload, as a new training run does; every arm runs once untimed first, and then `--warmup` untimed batches at
 each batch size before its timed ones, as a training run repeats its batch size every step (the warm-up batches'
 tokens/s are reported too). HF
@@ -303,11 +303,12 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(default_model_paths()["target"], padding_side="left")
     results = {}
     for workload in args.workloads.split(","):
-        # A new training run per workload: adaptive arms start afresh (their step costs from the disk cache)
+        # A new training run per workload: adaptive arms start afresh
         generators = {name: RolloutGenerator(target, tokenizer=tokenizer, draft_model=draft if config else None,
                                              speculative_config=config, max_num_seqs=max(batch_sizes))
                           for name, config in arms().items()}
-        costs = generators["adaptive"].measure_step_times()  # the step-cost model, measured on this machine
+        prompt_ids = [tokenizer(p)["input_ids"] for p in WORKLOADS[workload](16, seed=30_000)]
+        costs = generators[f"K={MAX_K}"].measure_step_times(prompt_ids, batch_sizes, [0, *STATIC_KS])  # whole steps
         runners = {name: _engine_arm(g) for name, g in generators.items()}
         if workload == "default":
             runners["hf_generate"] = _hf_arm(target, tokenizer)
@@ -318,7 +319,7 @@ def main() -> None:
                                  "predicted_speedup": {f"K={k}": predicted_speedup(acceptance, costs, b, k)
                                                        for k in STATIC_KS}} for b, r in by_batch.items()}
         results[workload]["acceptance_rate_per_position"] = acceptance
-        results[workload]["step_costs"] = costs.to_dict()  # as refined by the workload's run
+        results[workload]["step_seconds"] = costs.seconds  # by batch size and K
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_speculation.json").write_text(json.dumps({"schedule": DEFAULT_SCHEDULE,

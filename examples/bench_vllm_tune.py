@@ -36,7 +36,7 @@ from pathlib import Path
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts
 from rollout.defaults import DEFAULT_SCHEDULE
 from rollout.tune import repeats_at
-from spec.adaptive.cost_profile import doubling_grid
+from spec.tuning import doubling_grid
 
 STATIC_KS = (0, 1, 2, 4, 8)
 NUM_GENERATIONS = 4

@@ -14,7 +14,7 @@ MAX_SEED = 2 ** 32 - 1  # vLLM seeds numpy's global RNG with the generator's see
 
 
 def check_generator_args(*, model, tokenizer, draft_model, max_num_seqs, max_model_len, device, seed, backend,
-                         vllm_kwargs, step_costs=None, base_url=None, server_kwargs=None,
+                         vllm_kwargs, base_url=None, server_kwargs=None,
                          speculative_config=None) -> None:
     """Types and ranges of RolloutGenerator's arguments (dtype and device strings are parsed by
     rollout.loading.default_device_dtype; max_model_len is checked against the model once its config is read),
@@ -22,7 +22,7 @@ def check_generator_args(*, model, tokenizer, draft_model, max_num_seqs, max_mod
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: choose 'embedded' (this package's engine), 'vllm' (vllm.LLM in this "
                          "process) or 'server' (a running vLLM server at base_url)")
-    _check_backend_fields(backend, vllm_kwargs=vllm_kwargs, step_costs=step_costs, base_url=base_url,
+    _check_backend_fields(backend, vllm_kwargs=vllm_kwargs, base_url=base_url,
                           server_kwargs=server_kwargs, speculative_config=speculative_config)
     if backend == "server" and model is None:
         return  # the server's own folders, read from it
@@ -45,13 +45,13 @@ def check_generator_args(*, model, tokenizer, draft_model, max_num_seqs, max_mod
                          '{"gpu_memory_utilization": 0.5}')
 
 
-def _check_backend_fields(backend: str, *, vllm_kwargs, step_costs, base_url, server_kwargs,
+def _check_backend_fields(backend: str, *, vllm_kwargs, base_url, server_kwargs,
                           speculative_config) -> None:
     if backend == "server" and not base_url:
         raise ValueError("backend='server' needs base_url, the running server's URL (e.g. 'http://127.0.0.1:8000'; "
                          "start one with python -m rollout serve --model FOLDER --speculative-config JSON)")
-    read_only_by = {"vllm_kwargs": ("vllm", vllm_kwargs), "step_costs": ("embedded", step_costs),
-                    "base_url": ("server", base_url), "server_kwargs": ("server", server_kwargs)}
+    read_only_by = {"vllm_kwargs": ("vllm", vllm_kwargs), "base_url": ("server", base_url),
+                    "server_kwargs": ("server", server_kwargs)}
     for name, (reader, value) in read_only_by.items():
         if value is not None and backend != reader:
             raise ValueError(f"{name} is only read with backend={reader!r}; drop it or set backend={reader!r}")

@@ -84,7 +84,7 @@ class Backend(Protocol):
 
 
 def build_backend(backend: str, model, speculative_config, *, draft_model=None, tokenizer=None, max_num_seqs: int,
-                  max_model_len: int | None, device=None, dtype=None, seed: int = 0, step_costs=None,
+                  max_model_len: int | None, device=None, dtype=None, seed: int = 0,
                   vllm_kwargs: dict | None = None, base_url: str | None = None, server_kwargs: dict | None = None,
                   max_drafter_faults: int = 8) -> Backend:
     """The backend named `backend` ("embedded", "vllm", "server"), for arguments that
@@ -98,7 +98,7 @@ def build_backend(backend: str, model, speculative_config, *, draft_model=None, 
         from rollout.embedded import EmbeddedBackend
         device, dtype = default_device_dtype(device, dtype)
         return EmbeddedBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs,
-                               max_model_len=max_model_len, device=device, dtype=dtype, step_costs=step_costs,
+                               max_model_len=max_model_len, device=device, dtype=dtype,
                                max_drafter_faults=max_drafter_faults)
     from rollout.vllm_backend import VLLMBackend
     return VLLMBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,

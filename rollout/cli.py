@@ -18,8 +18,9 @@ GENERATE_NUM_PROMPTS = 16
 TUNE_DEFAULTS = {"num_generations": 4, "max_tokens": 64, "max_num_seqs": 256,  # steady batches: tune times each size
                  "max_num_seqs_help": "the largest batch size the schedule covers"}
 K_LEGEND = ("K by batch size: as the batch drains (completions finish), for each range of running requests, the "
-            "number of draft tokens per request most often used there (the schedule's K; 0 = no speculation) and "
-            "the engine steps that ran at those sizes")
+            "cap on draft tokens per request most often used there (the schedule's K; 0 = no speculation), the "
+            "drafts each request verified there on average (fewer than the cap where the drafter had fewer or "
+            "adaptive verification cut them) and the engine steps that ran at those sizes")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -176,26 +177,30 @@ def summary_table(stats: dict, output: str) -> str:
         ("mean acceptance length", f"{stats['mean_acceptance_length']:.2f}"),
         ("verified / emitted tokens", f"{stats['verified_tokens_per_emitted_token']:.2f}"),
         ("acceptance per position", " ".join(f"{r:.2f}" for r in stats["acceptance_rate_per_position"])),
-        ("K by batch size", drain(stats["k_per_batch_size"])),
+        ("K by batch size", drain(stats["k_per_batch_size"], stats["drafts_per_batch_size"])),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join([*(f"{name:<{width}}  {value}" for name, value in rows), f"({K_LEGEND})"])
 
 
-def drain(k_per_batch_size: dict) -> str:
-    """The batch's drain, largest sizes first: per range of running requests (powers of two), the K most used
-    there and the steps that ran there, e.g. "65-128: K 2, 21 steps | ... | 1: K 8, 120 steps"."""
-    ranges: dict[int, dict[int, int]] = {}
+def drain(k_per_batch_size: dict, drafts_per_batch_size: dict) -> str:
+    """The batch's drain, largest sizes first: per range of running requests (powers of two), the K most used there
+    (the cap), the drafts verified per request and step there, and the steps that ran there, e.g. "65-128: K 8,
+    2.3 verified, 21 steps | ... | 1: K 8, 6.9 verified, 120 steps"."""
+    ranges: dict[int, list] = {}  # bits -> [Counter of K, drafts verified, request-steps]
     for batch_size, counts in k_per_batch_size.items():
-        merged = ranges.setdefault((int(batch_size) - 1).bit_length(), {})  # sizes 2^(b-1) + 1 .. 2^b
+        merged = ranges.setdefault((int(batch_size) - 1).bit_length(), [{}, 0, 0])  # sizes 2^(b-1) + 1 .. 2^b
         for k, steps in counts.items():
-            merged[k] = merged.get(k, 0) + steps
+            merged[0][k] = merged[0].get(k, 0) + steps
+        merged[1] += drafts_per_batch_size.get(batch_size, 0)
+        merged[2] += int(batch_size) * sum(counts.values())
     parts = []
     for bits in sorted(ranges, reverse=True):
         low, high = (2 ** (bits - 1) + 1, 2 ** bits) if bits else (1, 1)
         name = str(low) if low == high else f"{low}-{high}"
-        counts = ranges[bits]
-        parts.append(f"{name}: K {max(counts, key=counts.get)}, {sum(counts.values())} steps")
+        counts, drafts, request_steps = ranges[bits]
+        parts.append(f"{name}: K {max(counts, key=counts.get)}, {drafts / request_steps:.1f} verified, "
+                     f"{sum(counts.values())} steps")
     return " | ".join(parts)
 
 

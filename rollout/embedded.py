@@ -1,14 +1,13 @@
 """The embedded backend: this package's engine (rollout/engine.py) on the models loaded here.
 
 It owns the target and its runner (KV cache allocated up front for max_num_seqs x max_model_len positions), the
-drafter, and the speculation policy: the static per-batch-size schedule, or adaptive verification when the config
-enables it, whose step-cost model is measured here at start-up (or read from the disk cache of an earlier
-measurement, spec/adaptive/cost_profile.py) and refined from the step times of every call.
+drafter, and the speculation policy: the static per-batch-size schedule, or, when the config enables it, adaptive
+verification inside the schedule's cap (spec/adaptive/policy.py), which fits its step costs from the steps this
+engine runs and prices the queries the runner pads (Runner.padded_queries).
 """
 
 import copy
 import itertools
-import time
 from dataclasses import dataclass
 
 import torch
@@ -22,10 +21,9 @@ from rollout.sampling_params import SamplingParams, mix_seed
 from rollout.weights import load_weights, no_draft_model
 from spec import (BatchSizeSchedule, PositionUniforms, Proposer, RequestAcceptance, SpecConfig, SpeculationPolicy,
                   StaticPolicy, build_proposer)
-from spec.adaptive import AdaptivePolicy, ConfidenceCalibrator, StepCostModel, cost_profile
+from spec.adaptive import AdaptivePolicy
 from spec.model_runner import build_runner
 
-_COST_SAVE_INTERVAL_S = 60.0  # refined step costs go back to the disk cache at most this often
 NO_SPECULATION = BatchSizeSchedule([[1, 1, 0]], num_speculative_tokens=0)  # K = 0 at every batch size
 
 
@@ -38,8 +36,6 @@ class Speculation:
     config: SpecConfig | None
     proposer: Proposer | None
     policy: SpeculationPolicy
-    cost_key: dict | None = None  # the disk-cache key of the step costs measured for it (adaptive verification)
-    cost_saved_at: float | None = None  # when its refined costs last went back to the disk cache
 
     @property
     def schedule(self) -> BatchSizeSchedule:
@@ -47,17 +43,13 @@ class Speculation:
 
 
 class EmbeddedBackend:
-    """step_costs: adaptive verification's cost table (a StepCostModel, its dict, or a JSON path), used as given;
-    None: measured here, or loaded from the disk cache, and refined from every call's step times.
-    max_drafter_faults: drafter faults a call tolerates before it stops drafting (rollout/engine.py)."""
+    """max_drafter_faults: drafter faults a call tolerates before it stops drafting (rollout/engine.py)."""
 
     is_shared = False  # one engine per trainer process
     base_url = None
 
     def __init__(self, model, config: SpecConfig | None, *, draft_model=None, max_num_seqs: int,
-                 max_model_len: int | None, device: torch.device, dtype: torch.dtype, step_costs=None,
-                 max_drafter_faults: int = 8):
-        self._user_costs = None if step_costs is None else _as_step_costs(step_costs)  # fails before loading
+                 max_model_len: int | None, device: torch.device, dtype: torch.dtype, max_drafter_faults: int = 8):
         if type(max_drafter_faults) is not int or max_drafter_faults < 0:
             raise ValueError(f"max_drafter_faults={max_drafter_faults!r}: must be an integer >= 0 (drafter faults a "
                              "call tolerates before it stops drafting; 0 makes the first one fail the call)")
@@ -85,12 +77,9 @@ class EmbeddedBackend:
         loaded = self._draft_model(config, draft_model) if config.method == "draft_model" else None
         proposer = build_proposer(config, draft_model=loaded, max_num_seqs=self.max_num_seqs,
                                   max_model_len=self.max_model_len, device=self.device, dtype=self.dtype)
-        speculation = Speculation(config, proposer, StaticPolicy())
-        if config.enable_adaptive_verification:
-            speculation.policy = AdaptivePolicy(ConfidenceCalibrator(max_positions=config.num_speculative_tokens),
-                                                refine=self._user_costs is None)
-            speculation.policy.costs = self._user_costs or self._measure_step_costs(speculation)
-        return speculation
+        policy = AdaptivePolicy(config.num_speculative_tokens, padding=self.runner.padded_queries) \
+            if config.enable_adaptive_verification else StaticPolicy()
+        return Speculation(config, proposer, policy)
 
     def use_speculation(self, speculation: Speculation) -> None:
         if not isinstance(speculation, Speculation):
@@ -133,7 +122,6 @@ class EmbeddedBackend:
         counts_before = dict(getattr(speculation.proposer, "history_counts", {}))
         with tqdm(total=len(requests), desc="rollouts", unit="sample", disable=not use_tqdm) as bar:
             elapsed = engine.run(on_finish=lambda r: bar.update(1))  # a failed run releases what it held
-        self._save_step_costs(speculation)
         counts = {k: v - counts_before[k] for k, v in getattr(speculation.proposer, "history_counts", {}).items()}
         return self._batch(requests, engine, elapsed, decode, counts)
 
@@ -146,32 +134,10 @@ class EmbeddedBackend:
     def draft_model_copy(self) -> torch.nn.Module:
         return copy.deepcopy(self._drafter_model())
 
-    def measure_step_times(self, prompt_ids=None, batch_sizes=None, ks=None) -> StepCostModel:
-        """The step-cost model of these models on this hardware (spec/adaptive/step_cost.py), measured anew and
-        cached: its curves price any batch size and K, so the arguments are not needed. ValueError without a
-        speculative config: its K bounds the verification widths measured."""
-        if self.config is None:
-            raise ValueError("measure_step_times times the steps of a speculative config's K; this generator runs "
-                             "without one: build it with speculative_config=...")
-        return self._measure_step_costs(self.speculation, refresh=True)
-
-    def _measure_step_costs(self, speculation: Speculation, refresh: bool = False) -> StepCostModel:
-        """From the disk cache, or measured now (seconds on small models) and cached; refresh=True measures anew."""
-        drafter = speculation.proposer if speculation.config.method == "draft_model" else None  # model-free: free
-        speculation.cost_key = cost_profile.cache_key(
-            self.model, None if drafter is None else drafter.runner.model, self.dtype, self.device,
-            self.max_num_seqs, speculation.config.num_speculative_tokens + 1)
-        return cost_profile.load_or_profile(speculation.cost_key, self.runner, drafter, self.max_model_len,
-                                            refresh=refresh)
-
-    def _save_step_costs(self, speculation: Speculation) -> None:
-        """Write refined step costs to the disk cache: after the first call, then at most once a minute."""
-        if speculation.cost_key is None or not getattr(speculation.policy, "refine", False):
-            return
-        saved_at = speculation.cost_saved_at
-        if saved_at is None or time.monotonic() - saved_at > _COST_SAVE_INTERVAL_S:
-            cost_profile.save(speculation.policy.costs, speculation.cost_key)
-            speculation.cost_saved_at = time.monotonic()
+    def measure_step_times(self, prompt_ids: list[list[int]], batch_sizes: list[int], ks: list[int]):
+        """This engine's whole-step seconds at each batch size and K (rollout/step_times.py), for the schedule tuner."""
+        from rollout.step_times import measure_step_times
+        return measure_step_times(self, prompt_ids, batch_sizes, ks)
 
     def _draft_model(self, config: SpecConfig, draft_model) -> torch.nn.Module:
         source = draft_model if draft_model is not None else config.model
@@ -191,7 +157,7 @@ class EmbeddedBackend:
     def _requests(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams,
                   seed: int) -> list[Request]:
         num_spec_tokens = self.config.num_speculative_tokens if self.config else 0
-        stop_ids = frozenset(self.eos_token_ids | set(params.stop_token_ids or ()))
+        stop_ids = frozenset((set() if params.ignore_eos else self.eos_token_ids) | set(params.stop_token_ids or ()))
         requests = []
         for i, ids in enumerate(prompt_ids):
             group_id = next(self._ids)
@@ -216,10 +182,3 @@ class EmbeddedBackend:
         return build_batch(samples, engine.stats, num_row_steps=len(engine.stats.total.k_per_step),
                            num_steps=engine.num_steps, elapsed=elapsed, stats=stats, metrics=metrics)
 
-
-def _as_step_costs(step_costs) -> StepCostModel:
-    if isinstance(step_costs, StepCostModel):
-        return step_costs
-    if isinstance(step_costs, dict):
-        return StepCostModel.from_dict(step_costs)
-    return StepCostModel.load(step_costs)

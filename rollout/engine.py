@@ -216,7 +216,7 @@ class Engine:
         return rejection_sample(logits, proposal.token_ids, sampling, torch.tensor(uniforms), proposal.draft_probs)
 
     def _commit(self, requests: list[Request], proposal: Proposal, result: VerifyResult, k: int) -> list[Request]:
-        self.stats.observe_step(len(requests), k)
+        self.stats.observe_step(len(requests), k, sum(proposal.num_draft_tokens))
         self.num_steps += 1
         finished = []
         for request, drafts, tokens, logprobs, num_accepted in zip(

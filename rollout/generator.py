@@ -30,11 +30,6 @@ class RolloutGenerator:
         sample).
     Every argument is checked before anything loads (rollout/arguments.py): a ValueError names it, its value and
     the fix; prompt and stop token ids are checked against the target's vocabulary at each call.
-    step_costs: adaptive verification's step-cost table (a StepCostModel, its dict, or a JSON path; see
-        spec/adaptive/step_cost.py), used as given; its "draft" curve only for a drafter with forwards of its own
-        (draft_model), None for model-free ones. None: measured here at start-up, or loaded from the on-disk
-        cache of an earlier measurement (spec/adaptive/cost_profile.py), and refined from the step times of every
-        call. Embedded backend only.
     backend: "embedded" (this package's engine, rollout/embedded.py), "vllm" (`vllm.LLM` in this process,
         rollout/vllm_backend/: it loads `model` and the drafter from their folders; device is vLLM's choice) or
         "server" (running vLLM OpenAI servers at `base_url`, rollout/server_backend.py).
@@ -57,18 +52,18 @@ class RolloutGenerator:
 
     def __init__(self, model=None, *, tokenizer=None, draft_model=None, speculative_config=None,
                  max_num_seqs: int = 64, max_model_len: int | None = None, device=None, dtype=None,
-                 seed: int = 0, step_costs=None, backend: str = "embedded", vllm_kwargs: dict | None = None,
+                 seed: int = 0, backend: str = "embedded", vllm_kwargs: dict | None = None,
                  base_url: str | None = None, server_kwargs: dict | None = None, max_drafter_faults: int = 8):
         if isinstance(model, str) and model == "default":
             model = default_model_paths()["target"]
         check_generator_args(model=model, tokenizer=tokenizer, draft_model=draft_model, max_num_seqs=max_num_seqs,
                              max_model_len=max_model_len, device=device, seed=seed, backend=backend,
-                             vllm_kwargs=vllm_kwargs, step_costs=step_costs, base_url=base_url,
+                             vllm_kwargs=vllm_kwargs, base_url=base_url,
                              server_kwargs=server_kwargs, speculative_config=speculative_config)
         self.backend: Backend = build_backend(
             backend, model, speculative_config, draft_model=draft_model, tokenizer=tokenizer,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device, dtype=dtype, seed=seed,
-            step_costs=step_costs, vllm_kwargs=vllm_kwargs, base_url=base_url, server_kwargs=server_kwargs,
+            vllm_kwargs=vllm_kwargs, base_url=base_url, server_kwargs=server_kwargs,
             max_drafter_faults=max_drafter_faults)
         target = self.backend.target_source
         self.tokenizer = load_tokenizer(target, tokenizer)
@@ -199,11 +194,10 @@ class RolloutGenerator:
             return {"num_shared": 0, "seconds": 0.0}
         return share(self, batch, group)
 
-    def measure_step_times(self, prompt_ids: list[list[int]] | None = None, batch_sizes: list[int] | None = None,
-                           ks: list[int] | None = None):
-        """This engine's step seconds by batch size and K (a spec.tuning.StepTimes), what `rollout tune` predicts
-        from: the embedded engine's cost curves measured anew (and cached; it needs no arguments), or vLLM's whole
-        steps timed on batches of prompt_ids at each batch size and K."""
+    def measure_step_times(self, prompt_ids: list[list[int]], batch_sizes: list[int], ks: list[int]):
+        """This engine's whole-step seconds by batch size and K (a spec.tuning.StepTimes), what `rollout tune` predicts
+        from: batches of prompt_ids timed at each batch size and K (rollout/step_times.py; the schedule is left
+        forcing the last K)."""
         with self._lock:
             return self.backend.measure_step_times(prompt_ids, batch_sizes, ks)
 

@@ -21,6 +21,8 @@ class SamplingParams:
     stop_token_ids: a list of extra token ids that end a completion (EOS always does); checked against the
         model's vocabulary at each call. Stop tokens are kept in `completion_ids`, as vLLM keeps them.
     seed: base seed of the completions' generators, an integer in [0, 2**63); None: the generator's seed.
+    ignore_eos: as vLLM's: EOS does not end a completion (stop_token_ids still do), so each runs to max_tokens (what
+        timing whole engine steps needs: rollout/step_times.py).
     """
 
     temperature: float = 1.0
@@ -29,6 +31,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop_token_ids: list[int] | None = None
     seed: int | None = None
+    ignore_eos: bool = False
 
     def __post_init__(self):
         check_number("temperature", self.temperature, ">= 0 (0 = greedy)", lambda t: t >= 0)
@@ -45,6 +48,8 @@ class SamplingParams:
             self.stop_token_ids = list(self.stop_token_ids)
         if self.seed is not None:
             check_int("seed", self.seed, 0, 2 ** 63 - 1, hint=" or None (the generator's seed)")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos={self.ignore_eos!r}: must be True or False")
 
 
 def mix_seed(*parts: int) -> int:

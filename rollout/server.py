@@ -182,9 +182,10 @@ class Server:
         return answer.get("results") if isinstance(answer, dict) else None
 
     def _body(self, prompt: list[int], params: SamplingParams, seed: int) -> dict:
-        stop_ids = sorted(self.eos_token_ids | set(params.stop_token_ids or ()))
+        stop_ids = sorted((set() if params.ignore_eos else self.eos_token_ids) | set(params.stop_token_ids or ()))
         return {"model": self.served_model_name, "prompt": list(prompt), "max_tokens": params.max_tokens,
                 "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": seed,
+                "ignore_eos": params.ignore_eos,
                 "n": 1, "logprobs": 0, "stop_token_ids": stop_ids, "return_token_ids": True,
                 "return_tokens_as_token_ids": True, "skip_special_tokens": False}
 

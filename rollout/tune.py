@@ -17,22 +17,31 @@ interleaved, over `--repeats` prompt sets, and keep the smallest K that the fast
 The prediction is a steady-state model: it does not see a real step's per-token bookkeeping, the drafter's prefill,
 or how a closed batch drains (short completions end mid-draft, the longest ones finish alone), which is why the
 measured choice decides.
+
+A drafter that keeps rollout history (`history`) drafts from whatever the runs before left in it, and the same seed
+samples the same completions at every K: measured one K after another, each later K would draft the earlier K's
+very completions (K = 0 ran first, and K = 8 read 5.2x at batch size 1). So every comparison starts from one history
+state: each prompt set is first rolled out untimed under another seed (its earlier epoch, as an RL run revisits its
+prompts), that history is saved, and it is loaded again before each K's run (`SameHistory`); the drafter's global
+cache of other prompts' outputs, which would hold the earlier K's completions too, is off while timing.
 """
 
+import dataclasses
 import json
 import math
+import os
 import statistics
 import sys
+import tempfile
 
 from rollout.default_task import default_prompts
 from rollout.generator import RolloutGenerator
 from rollout.prompt_files import read_prompts
-from rollout.sampling_params import SamplingParams
+from rollout.sampling_params import SamplingParams, mix_seed
 from spec import SpecConfig
-from spec.adaptive.cost_profile import doubling_grid
 from spec.config import PROTOCOL_METHODS
 from spec.schedule import BatchSizeSchedule
-from spec.tuning import best_k, smallest_k_within, tuned_schedule
+from spec.tuning import best_k, doubling_grid, smallest_k_within, tuned_schedule
 
 _REPORTED_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -43,31 +52,67 @@ def tune(args, base_config: dict) -> dict:
     static = {key: value for key, value in base_config.items()
               if key not in ("num_speculative_tokens_per_batch_size", "enable_adaptive_verification")}
     static["num_speculative_tokens"] = max_k
+    if static["method"] == "history":
+        static["suffix_decoding_max_cached_requests"] = 0  # while timing (module docstring)
     generator = _generator(args, static)
-    pick = prompt_picker(args)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-    batch = generator.generate(pick(args.num_prompts, args.seed), args.num_generations, params,
-                               use_tqdm=not args.no_progress)
-    acceptance = batch.stats["acceptance_rate_per_position"]
-    costs = _step_costs(generator, args, [s.prompt_ids for s in batch.samples], max_k)
-    predicted = {b: best_k(acceptance, costs, b, args.min_gain)
-                 for b in _REPORTED_BATCH_SIZES if b <= args.max_num_seqs}
-    if args.predict_only:
-        schedule, measured = tuned_schedule(acceptance, costs, args.max_num_seqs, args.min_gain), {}
-    else:
-        measured = {}
-        for batch_size in doubling_grid(args.max_num_seqs):
-            candidates = sorted({0, max_k, best_k(acceptance, costs, batch_size, args.min_gain)[0],
-                                 *(2 ** i for i in range(max_k.bit_length()) if 2 ** i <= max_k)})
-            measured[batch_size] = measure_speeds(generator, batch_size, candidates, params, args, pick)
-            if not args.no_progress:
-                print(f"measured batch size {batch_size}: " + "  ".join(
-                    f"K={k} {tps:.0f} tok/s" for k, tps in measured[batch_size].items()), file=sys.stderr)
-        schedule = schedule_from_measurements(measured, args.max_num_seqs, args.min_gain)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    with tempfile.TemporaryDirectory(prefix="rollout_tune_") as folder:
+        history = SameHistory(generator, os.path.join(folder, "history.npz"))
+        schedule, acceptance, predicted, measured = _tune(generator, args, params, history, max_k)
     BatchSizeSchedule(schedule, max(max_k, 1))  # valid by construction; a broken one fails here
     print(_report(acceptance, predicted, measured, args.min_gain), file=sys.stderr)
     return {**base_config, "num_speculative_tokens": max(1, max(k for *_, k in schedule)),
             "num_speculative_tokens_per_batch_size": schedule}
+
+
+def _tune(generator: RolloutGenerator, args, params: SamplingParams, history: "SameHistory", max_k: int):
+    """(schedule, acceptance per position, predicted (K, speedup) per reported batch size, measured tokens/s per grid
+    batch size and K)."""
+    pick = prompt_picker(args)
+    prompts = pick(args.num_prompts, args.seed)
+    history.revisit(prompts, args.num_generations, params)
+    batch = generator.generate(prompts, args.num_generations, params, use_tqdm=not args.no_progress)
+    acceptance = batch.stats["acceptance_rate_per_position"]
+    costs = generator.measure_step_times([s.prompt_ids for s in batch.samples], doubling_grid(args.max_num_seqs),
+                                         sorted({0, max_k, *_powers_of_two(max_k)}))
+    predicted = {b: best_k(acceptance, costs, b, args.min_gain)
+                 for b in _REPORTED_BATCH_SIZES if b <= args.max_num_seqs}
+    if args.predict_only:
+        return tuned_schedule(acceptance, costs, args.max_num_seqs, args.min_gain), acceptance, predicted, {}
+    measured = {}
+    for batch_size in doubling_grid(args.max_num_seqs):
+        candidates = sorted({0, max_k, best_k(acceptance, costs, batch_size, args.min_gain)[0], *_powers_of_two(max_k)})
+        measured[batch_size] = measure_speeds(generator, batch_size, candidates, params, args, pick, history)
+        if not args.no_progress:
+            print(f"measured batch size {batch_size}: " + "  ".join(
+                f"K={k} {tps:.0f} tok/s" for k, tps in measured[batch_size].items()), file=sys.stderr)
+    return schedule_from_measurements(measured, args.max_num_seqs, args.min_gain), acceptance, predicted, measured
+
+
+def _powers_of_two(max_k: int) -> list[int]:
+    return [2 ** i for i in range(max_k.bit_length()) if 2 ** i <= max_k]
+
+
+class SameHistory:
+    """One history state for every K of a comparison, where the drafter keeps rollout history (module docstring);
+    nothing otherwise."""
+
+    def __init__(self, generator: RolloutGenerator, path: str):
+        self.generator, self.path = generator, path
+        self.is_on = generator.keeps_rollout_history
+
+    def revisit(self, prompts: list, num_generations: int, params: SamplingParams, k: int | None = None) -> None:
+        """Roll `prompts` out once, untimed, under another seed (their earlier epoch; at K = k where given), and save
+        the history."""
+        if self.is_on:
+            earlier = dataclasses.replace(params, seed=mix_seed(params.seed or 0, 1))
+            generator = self.generator if k is None else _use_k(self.generator, k)
+            generator.generate(prompts, num_generations, earlier, use_tqdm=False)
+            self.generator.save_rollout_history(self.path)
+
+    def restore(self) -> None:
+        if self.is_on:
+            self.generator.load_rollout_history(self.path)
 
 
 def _generator(args, static: dict) -> RolloutGenerator:
@@ -82,13 +127,6 @@ def _generator(args, static: dict) -> RolloutGenerator:
                             max_num_seqs=args.max_num_seqs, seed=args.seed)
 
 
-def _step_costs(generator: RolloutGenerator, args, prompt_ids: list[list[int]], max_k: int):
-    """The step-time model of the tuned engine: the embedded engine's measured cost curves (also cached for
-    adaptive verification), or vLLM's whole steps timed at the batch-size grid and K = 0, powers of two, max K."""
-    ks = sorted({0, max_k, *(2 ** i for i in range(max_k.bit_length()) if 2 ** i <= max_k)})
-    return generator.measure_step_times(prompt_ids, doubling_grid(args.max_num_seqs), ks)
-
-
 def prompt_picker(args):
     """(n, seed) -> n prompts: from the --prompts file (generate's format, rollout/prompt_files.py), a window starting
     at a seed-chosen line, cycled; else the default task's, generated from the seed."""
@@ -100,13 +138,13 @@ def prompt_picker(args):
 
 
 def measure_speeds(generator: RolloutGenerator, batch_size: int, ks: list[int], params: SamplingParams, args,
-                   pick=None) -> dict[int, float]:
+                   pick=None, history: SameHistory | None = None) -> dict[int, float]:
     """Tokens/s of each K at one batch size: K as a one-range schedule on the same generator (and models), the same
-    prompts for every K, a new prompt set and seed per repeat (more repeats for small batches, whose speed depends
-    on how their few completions end), the K order rotating. Each K's speed is the first K's (all its repeats' tokens
-    over all their seconds) times the median over repeats of its speed over the first K's in the same repeat: paired
-    on the prompts, and a burst of load from another job on a shared machine moves one repeat's ratio, not the
-    estimate."""
+    prompts and history state for every K, a new prompt set and seed per repeat (more repeats for small batches,
+    whose speed depends on how their few completions end), the K order rotating. Each K's speed is the first K's (all
+    its repeats' tokens over all their seconds) times the median over repeats of its speed over the first K's in the
+    same repeat: paired on the prompts, and a burst of load from another job on a shared machine moves one repeat's
+    ratio, not the estimate."""
     pick = pick or (lambda n, seed: default_prompts(n, seed=seed))
     per_prompt = args.num_generations if batch_size % args.num_generations == 0 else 1
     speeds: dict[int, list[float]] = {k: [] for k in ks}
@@ -118,7 +156,11 @@ def measure_speeds(generator: RolloutGenerator, batch_size: int, ks: list[int], 
         prompts = pick(batch_size // per_prompt, args.seed + 1000 * batch_size + repeat)
         run_params = SamplingParams(temperature=params.temperature, max_tokens=params.max_tokens,
                                     seed=args.seed + repeat)
+        if history is not None:  # the earlier epoch drafts at the largest K, as an untuned run would
+            history.revisit(prompts, per_prompt, run_params, max(ks))
         for k in ks[repeat % len(ks):] + ks[:repeat % len(ks)]:
+            if history is not None:
+                history.restore()
             stats = _use_k(generator, k).generate(prompts, per_prompt, run_params, use_tqdm=False).stats
             speeds[k].append(stats["tokens_per_s"])
             if k == ks[0]:

@@ -33,7 +33,7 @@ class SpecConfig:
     enable_adaptive_verification: each step, verify per request only the drafts whose calibrated survival pays
         for their verification time (spec/adaptive/policy.py); K (or the schedule's K) is the cap. Embedded engine:
         every drafter, with point proposals (greedy draft sampling); vLLM: this project's drafters (`history`,
-        `custom_class`) through the project's proposer (spec/adaptive/observed.py), and vLLM's own methods where
+        `custom_class`) through the same policy in vLLM's workers, and vLLM's own methods where
         the installed vLLM runs its own adaptive verification for them (to_vllm).
     rejection_sample_method: `standard` (lossless; the only one the embedded engine runs), `synthetic`, `block`.
     draft_sample_method: `greedy` (drafts are the draft distribution's argmax) or `probabilistic` (sampled).

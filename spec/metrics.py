@@ -82,6 +82,7 @@ class AcceptanceStats:
     total: RequestAcceptance = field(default_factory=RequestAcceptance)
     num_requests: int = 0
     k_per_batch_size: dict[int, Counter] = field(default_factory=dict)  # batch size -> Counter of K
+    drafts_per_batch_size: Counter = field(default_factory=Counter)  # batch size -> drafts verified there, all rows
 
     def add(self, record: RequestAcceptance) -> None:
         """Fold in a finished request's record."""
@@ -97,9 +98,11 @@ class AcceptanceStats:
                 mine[i] += count
         t.k_per_step.extend(record.k_per_step)  # num_accepted_per_step stays per request: the histogram sums it up
 
-    def observe_step(self, batch_size: int, k: int) -> None:
-        """The engine ran a step of `batch_size` requests with K = k from the schedule."""
+    def observe_step(self, batch_size: int, k: int, num_drafts: int) -> None:
+        """The engine ran a step of `batch_size` requests with K = k from the schedule (the cap), verifying num_drafts
+        drafts in all (K per request, or fewer where adaptive verification cut them)."""
         self.k_per_batch_size.setdefault(batch_size, Counter())[k] += 1
+        self.drafts_per_batch_size[batch_size] += num_drafts
 
     @property
     def acceptance_rate_per_position(self) -> list[float]:
@@ -130,4 +133,5 @@ class AcceptanceStats:
             "num_requests": self.num_requests,
             "acceptance_rate_per_position": self.acceptance_rate_per_position,
             "k_per_batch_size": {b: dict(c) for b, c in sorted(self.k_per_batch_size.items())},
+            "drafts_per_batch_size": dict(sorted(self.drafts_per_batch_size.items())),
         }

@@ -103,6 +103,15 @@ def splits_attention(num_rows: int, num_wide: int) -> bool:
     return num_wide <= num_rows * MAX_WIDE_FRACTION
 
 
+def padded_queries(num_rows: int, num_tokens: int, width: int, num_wide: int) -> int:
+    """Query slots that attention pads in a forward of num_rows rows feeding num_tokens tokens, the widest `width`,
+    num_wide of them more than one (_attention_parts): in two blocks, the wide rows' queries after their first, each
+    padded to the widest; in one, every row's."""
+    if splits_attention(num_rows, num_wide):
+        return max(num_wide * (width - 1) - (num_tokens - num_rows), 0)
+    return max(num_rows * width - num_tokens, 0)
+
+
 def _attention_parts(num_new: list[int]) -> list[tuple[list[int], list[int], list[int]]]:
     """(rows, first query, end query) per attention block. Attention pads each row's queries to the widest row's:
     where a few rows verify drafts among many that verify none, that would cost every row the widest row's
@@ -192,6 +201,9 @@ class RaggedRunner:
         half = self.head_dim // 2
         signed_sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
         return cos[0].clone(), signed_sin
+
+    def padded_queries(self, num_rows: int, num_tokens: int, width: int, num_wide: int) -> int:
+        return padded_queries(num_rows, num_tokens, width, num_wide)
 
     # Slot management, delegated to the cache.
     @property

@@ -67,6 +67,10 @@ class PaddedRunner:
         self._takes_position_ids = "position_ids" in params
         self._takes_logits_to_keep = "logits_to_keep" in params
 
+    def padded_queries(self, num_rows: int, num_tokens: int, width: int, num_wide: int) -> int:
+        """Every row is padded to the widest (and recomputed whole: its cost follows the sequence's length)."""
+        return max(num_rows * width - num_tokens, 0)
+
     @property
     def num_free_slots(self) -> int:
         return self.slots.num_free_slots

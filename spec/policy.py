@@ -10,7 +10,8 @@ tokens do not depend on which drafts are offered, only how fast they come.
 Everything a drafter tells the policy (confidences, its forwards' times) travels in its `Proposal`; a policy never calls the drafter, and the drafter never calls the policy.
 
 `StaticPolicy` is the per-batch-size schedule as vLLM runs it: every request drafts K = schedule[batch size]
-(capped by its room) and verifies all of them. Adaptive verification (spec/adaptive/) is the other policy.
+(capped by its room) and verifies all of them. Adaptive verification (spec/adaptive/) is the other policy: it cuts
+each request's drafts inside the same cap, on the embedded engine and, through an adapter, in vLLM's workers.
 """
 
 from dataclasses import dataclass
@@ -51,11 +52,12 @@ class StepOutcome:
     """What one step verified and found, and what it cost."""
 
     verified: Proposal  # the drafts verified (the selected prefix of what was drafted)
-    num_accepted: list[int]  # per row
+    num_accepted: list[int | None]  # per row; None where unknown (vLLM: a request that finished before it said)
     num_drafted: list[int]  # per row, before select
-    seconds: float  # the whole step
+    seconds: float | None  # the whole step; None where unknown (an engine seen from its drafter: a step that did
+    # other work as well)
     draft_seconds: float  # proposing
-    verify_seconds: float  # the target forward, rejection sampling and the commit
+    verify_seconds: float | None  # the target forward, rejection sampling and the commit
     condense_seconds: float  # moving requests down the cache past finished ones
 
 

@@ -1,6 +1,6 @@
 """The model-runner protocol: what the engine (rollout/engine.py), the draft-model drafter
-(spec/proposers/draft_model.py), the step-cost profiler (spec/adaptive/cost_profile.py) and the embedded backend
-(rollout/embedded.py) call on a runner. `RaggedRunner` (spec/model_runner.py, Llama-family models) and `PaddedRunner`
+(spec/proposers/draft_model.py) and the embedded backend (rollout/embedded.py, which hands adaptive verification
+`padded_queries`) call on a runner. `RaggedRunner` (spec/model_runner.py, Llama-family models) and `PaddedRunner`
 (spec/padded_runner.py, any causal LM) implement it; `build_runner` picks one.
 
 A runner owns max_num_seqs cache *slots*, each holding the cached context of one sequence: positions
@@ -58,4 +58,9 @@ class Runner(Protocol):
         """Append token_ids[i] (at least one token) to slots[i] (each slot at most once) and return float32 logits
         [sum(num_logits), vocab] of each row's last num_logits[i] new tokens (0 <= num_logits[i] <=
         len(token_ids[i])), row-major. Arguments are checked before any slot changes."""
+        ...
+
+    def padded_queries(self, num_rows: int, num_tokens: int, width: int, num_wide: int) -> int:
+        """Query slots a forward pads (computed and thrown away) when num_rows rows feed num_tokens tokens, the widest
+        row `width`, num_wide rows more than one: what adaptive verification prices beside the tokens."""
         ...

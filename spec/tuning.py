@@ -8,9 +8,8 @@ speed relative to no speculation is
 
     speedup(B, K) = (1 + sum_{j<K} r_j) x step(B, 0) / step(B, K).
 
-The step times come from a `StepTimes`: the embedded engine's StepCostModel (K draft forwards of B rows and one
-verification of B (K + 1) tokens, priced from its measured curves), or `MeasuredSteps`, whole steps timed on an
-engine at a grid of batch sizes and Ks (vLLM's, rollout/vllm_backend/step_times.py).
+The step times come from a `StepTimes`: `MeasuredSteps`, whole steps timed on an engine at a grid of batch sizes
+(`doubling_grid`) and Ks (either engine's, rollout/step_times.py).
 
 The schedule takes the best K per batch size, and K = 0 wherever no K beats no speculation by `min_gain`.
 Measured or replayed speeds choose by `smallest_k_within`: the smallest K that the fastest does not beat by
@@ -88,3 +87,12 @@ def smallest_k_within(speeds: dict[int, float], min_gain: float = MIN_GAIN) -> i
     verification work) for a gain within the measurement's noise."""
     fastest = max(speeds.values())
     return min(k for k, speed in speeds.items() if speed * min_gain >= fastest)
+
+
+def doubling_grid(limit: int) -> list[int]:
+    """1, 2, 4, ... below limit, then limit."""
+    grid, n = [], 1
+    while n < limit:
+        grid.append(n)
+        n *= 2
+    return grid + [limit]

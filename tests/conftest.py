@@ -36,15 +36,6 @@ def draft():
     return tiny_llama(1, num_layers=1)
 
 
-@pytest.fixture(autouse=True, scope="session")
-def step_cost_cache(tmp_path_factory):
-    """Measured step-cost tables go to a temporary folder, never the user's cache."""
-    with pytest.MonkeyPatch.context() as patch:
-        folder = tmp_path_factory.mktemp("step_costs")
-        patch.setenv("SPEC_ROLLOUTS_CACHE", str(folder))
-        yield folder
-
-
 class FakeClock:
     """A clock (seconds) that only `advance` moves, for timing tests that assert exact seconds, not wall time."""
 

@@ -1,26 +1,27 @@
-"""Adaptive verification end to end on tiny models: lossless, within k_max, trims by cost, learns, bad input."""
-
-import json
+"""Adaptive verification end to end on tiny models: lossless, within the schedule's cap, cuts by the step costs the
+engine runs (set here by the engine's fake clock: each target forward advances it by a price of its rows and
+tokens), learns them, bad input."""
 
 import pytest
 
 from rollout import RolloutGenerator, SamplingParams
 from spec import Proposal
-from spec.adaptive import StepCostModel
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9], [3, 4], [10, 11, 12, 13, 14, 10, 11, 12], [20, 21, 22], [30] * 6, [8, 2]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+PER_ROW = 0.01  # seconds a target forward costs per row (the engine's clock)
 
 
-def linear_costs(extra_per_token: float, drafted: bool = False) -> dict:
-    """Verification costs 1 s plus extra_per_token s for each row's every token beyond its first (9 per row); with
-    drafted, a draft-model forward costs 0.01 s (model-free drafters have no draft table)."""
-    grid = [1, 2, 4, 8, 16, 32, 64]
-    costs = {"verify": {n: {n: 1.0, 9 * n: 1.0 + 8 * extra_per_token} for n in grid}}
-    return {**costs, "draft": {1: 0.01, 64: 0.01}} if drafted else costs
+def priced(generator: RolloutGenerator, clock, per_token: float = 0.005) -> RolloutGenerator:
+    """The generator's target forwards advance the engine's clock by PER_ROW a row and per_token a further token (a
+    draft, or a prompt's): at 0.005, half a row, a draft pays above a survival of about one half."""
+    forward = generator.backend.runner.forward
 
-
-MODERATE = linear_costs(0.5)  # a draft pays for itself above survival ~0.5
+    def timed(slots, token_ids, num_logits):
+        clock.advance(PER_ROW * len(slots) + per_token * sum(len(ids) - 1 for ids in token_ids))
+        return forward(slots, token_ids, num_logits)
+    generator.backend.runner.forward = timed
+    return generator
 
 
 class EchoDrafter:
@@ -73,11 +74,9 @@ CONFIGS = {
 }
 
 
-def _generator(target, config, draft_model=None, step_costs="moderate", max_num_seqs=4, **kwargs):
-    if step_costs == "moderate":
-        step_costs = linear_costs(0.5, drafted=config["method"] == "draft_model")
+def _generator(target, config, draft_model=None, max_num_seqs=4, **kwargs):
     return RolloutGenerator(target, speculative_config=config, draft_model=draft_model, max_num_seqs=max_num_seqs,
-                            max_model_len=64, step_costs=step_costs, **kwargs)
+                            max_model_len=64, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +85,9 @@ def plain_greedy(target):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_greedy_output_is_unchanged_by_adaptive_verification(name, target, draft, plain_greedy):
+def test_greedy_output_is_unchanged_by_adaptive_verification(name, target, draft, plain_greedy, engine_clock):
     config, draft_model = CONFIGS[name](target, draft)
-    batch = _generator(target, config, draft_model).generate(PROMPTS, 2, GREEDY, use_tqdm=False)
+    batch = priced(_generator(target, config, draft_model), engine_clock).generate(PROMPTS, 2, GREEDY, use_tqdm=False)
     assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain_greedy.samples]
     for sample, plain in zip(batch.samples, plain_greedy.samples):
         assert sample.logprobs == pytest.approx(plain.logprobs, abs=1e-4)
@@ -97,49 +96,48 @@ def test_greedy_output_is_unchanged_by_adaptive_verification(name, target, draft
     assert stats["num_calibration_observations"] > 0 and "spec/calibration_error" in batch.metrics
 
 
-def test_seeded_sampling_is_unchanged_by_adaptive_verification(target, draft):
+def test_seeded_sampling_is_unchanged_by_adaptive_verification(target, draft, engine_clock):
     """Point proposals: however adaptive verification trims the drafts, each position's token is drawn from its own
     uniform, so a seeded run emits what plain sampling emits from the same seed (spec/rejection.py)."""
     params = SamplingParams(temperature=1.0, max_tokens=24, seed=11)
     plain = RolloutGenerator(target, max_num_seqs=4, max_model_len=64).generate(PROMPTS, 2, params, use_tqdm=False)
     config, draft_model = CONFIGS["draft_model"](target, draft)
-    batch = _generator(target, config, draft_model).generate(PROMPTS, 2, params, use_tqdm=False)
+    batch = priced(_generator(target, config, draft_model), engine_clock).generate(PROMPTS, 2, params, use_tqdm=False)
     assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain.samples]
     assert 0 < batch.stats["num_draft_tokens"] < batch.stats["num_proposed_draft_tokens"]  # trimmed, not all or none
 
 
-def test_measured_costs_work_and_are_cached(target, draft, plain_greedy, step_cost_cache):
-    config, draft_model = CONFIGS["draft_model"](target, draft)
-    cached_before = set(step_cost_cache.glob("step_costs-*.json"))
-    generator = _generator(target, config, draft_model, step_costs=None)
-    batch = generator.generate(PROMPTS, 2, GREEDY, use_tqdm=False)
-    assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in plain_greedy.samples]
-    [path] = set(step_cost_cache.glob("step_costs-*.json")) - cached_before  # measured, refined, cached
-    refined = json.loads(path.read_text())["costs"]
-    again = _generator(target, config, draft_model, step_costs=None)  # loads the refined table
-    assert again.backend.speculation.policy.costs.to_dict() == StepCostModel.from_dict(refined).to_dict()
+def test_the_policy_learns_the_step_costs_from_the_engines_own_steps(target, engine_clock):
+    """No profile: the fit at the batch size the steps ran reads back the price the engine's clock charged per
+    further token, and per step a little more than per row (steps that admit requests prefill their prompts)."""
+    config, _ = CONFIGS["custom_class"](target, None)
+    generator = priced(_generator(target, config), engine_clock)
+    generator.generate(PROMPTS, 2, GREEDY, use_tqdm=False)
+    price = generator.backend.speculation.policy.costs.price(4)
+    assert price.per_token == pytest.approx(0.005, rel=0.15) and 4 * PER_ROW <= price.base <= 1.1 * 4 * PER_ROW
 
 
-def test_allocation_never_exceeds_the_schedule_k(target, draft):
+def test_allocation_never_exceeds_the_schedule_k(target, draft, engine_clock):
     config = _config("draft_model", num_speculative_tokens_per_batch_size=[[1, 64, 2]])
-    batch = _generator(target, config, draft, step_costs=linear_costs(0.0, drafted=True)).generate(
+    batch = priced(_generator(target, config, draft), engine_clock, per_token=0.0).generate(
         PROMPTS, 2, GREEDY, use_tqdm=False)
     ks = [k for s in batch.samples for k in s.acceptance["k_per_step"]]
     assert max(ks) == 2  # free verification admits every draft, and there are never more than the cap
-    assert batch.stats["num_draft_tokens"] == batch.stats["num_proposed_draft_tokens"]
     assert sum(ks) == batch.stats["num_draft_tokens"]  # the per-request record has the K offered at each step
 
 
-def test_costlier_verification_verifies_fewer_drafts(target, draft):
-    config, draft_model = CONFIGS["custom_class"](target, draft)
+def test_costlier_verification_verifies_fewer_drafts(target, engine_clock):
+    """The second call of each generator, after the first taught it the costs."""
+    config, _ = CONFIGS["custom_class"](target, None)
     verified = []
-    for extra in (0.0, 0.5, 5.0):
-        stats = _generator(target, config, step_costs=linear_costs(extra)).generate(
-            PROMPTS, 2, GREEDY, use_tqdm=False).stats
-        verified.append(stats["verified_tokens_per_emitted_token"])
+    for per_token in (0.0, 0.0005, 0.05):  # the echoed drafts are accepted 4-8% of the time
+        generator = priced(_generator(target, config), engine_clock, per_token)
+        generator.generate(PROMPTS, 2, GREEDY, use_tqdm=False)
+        verified.append(generator.generate(PROMPTS, 2, GREEDY, use_tqdm=False).stats[
+            "verified_tokens_per_emitted_token"])
     assert verified[0] > verified[1] > verified[2]
-    # nothing is worth 5 s per token: plain decoding, but for the first draft every row verifies after 32 steps
-    # without drafts (spec/adaptive/policy.py: _EXPLORE_STEPS), at most one row-step in 32
+    # nothing is worth 5 rows a token: plain decoding, but for the first draft every row verifies after 32 steps at a
+    # batch size without drafts (spec/adaptive/policy.py: _EXPLORE_STEPS), at most one row-step in 33
     assert 1.0 < verified[2] <= 1.0 + 1 / 32
 
 
@@ -162,21 +160,3 @@ def test_probabilistic_proposals_are_refused(target):
     with pytest.raises(ValueError, match="lossless only for point proposals"):
         _generator(target, _config("custom_class", model=f"{__name__}.Sampling")).generate(
             PROMPTS, 1, SamplingParams(temperature=1.0, max_tokens=4), use_tqdm=False)
-
-
-@pytest.mark.parametrize("step_costs, message", [
-    ({"verify": {1: {1: 1.0, 2: 0.5}}}, "cost falls from"),
-    ({"verify": {1: {1: 0.0}}}, "is not positive"),
-])
-def test_bad_cost_tables_are_refused_before_any_loading(step_costs, message):
-    with pytest.raises(ValueError, match=message):
-        RolloutGenerator("/no/such/model", speculative_config=_config("ngram"), step_costs=step_costs)
-
-
-def test_a_cost_table_can_be_a_json_file(target, tmp_path):
-    path = tmp_path / "costs.json"
-    path.write_text(json.dumps(MODERATE))
-    generator = _generator(target, _config("ngram", prompt_lookup_min=1), step_costs=str(path))
-    assert generator.backend.speculation.policy.costs.to_dict() == StepCostModel.from_dict(MODERATE).to_dict()
-
-

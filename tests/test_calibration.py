@@ -25,19 +25,21 @@ def test_calibration_converges_to_the_true_acceptance_probabilities():
         calibrator.observe(*_stream(rng, 600))
     centres = calibrator.centres
     for position, truth in TRUE_MAPS.items():
-        estimate = np.array([calibrator.value(position, c) for c in centres])
+        estimate = calibrator.calibrated(np.full(len(centres), position), centres)
         assert np.abs(estimate - truth(centres)).max() < 0.06, position
     # the raw confidences are miscalibrated by construction; the learned map is not
     assert calibrator.calibration_error() < 0.5 * calibrator.calibration_error("raw")
 
 
-def test_values_are_value_at_each_position():
+def test_calibrated_values_are_the_map_at_each_drafts_position_and_bin():
     rng = np.random.default_rng(0)
     calibrator = ConfidenceCalibrator(max_positions=3, num_bins=10)
     calibrator.observe(rng.integers(0, 5, 400), rng.random(400), rng.random(400) < 0.6)
-    raw = [-0.1, 0.0, 0.33, 0.5, 0.999, 1.0, 1.2]  # out-of-range values clamp to the end bins, as value() does
-    assert calibrator.values(raw) == [calibrator.value(j, c) for j, c in enumerate(raw)]
-    assert len(set(calibrator.values(raw))) > 2  # the map was fitted: the check compares learned values
+    raw = np.array([-0.1, 0.0, 0.33, 0.5, 0.999, 1.0, 1.2])  # out-of-range values clamp to the end bins
+    positions = np.arange(len(raw))  # positions past the last share its map
+    expected = [calibrator.table[min(j, 2), min(max(int(c * 10), 0), 9)] for j, c in zip(positions, raw)]
+    assert calibrator.calibrated(positions, raw).tolist() == expected
+    assert len(set(expected)) > 2  # the map was fitted: the check compares learned values
 
 
 def test_added_drafts_are_observed_at_flush_as_one_update():
@@ -46,7 +48,7 @@ def test_added_drafts_are_observed_at_flush_as_one_update():
     direct, buffered = ConfidenceCalibrator(max_positions=3), ConfidenceCalibrator(max_positions=3)
     direct.observe(positions, raw, accepted)
     for part in np.array_split(np.arange(300), 7):  # added a step at a time
-        buffered.add(positions[part].tolist(), raw[part].tolist(), accepted[part].tolist())
+        buffered.add(positions[part], raw[part], accepted[part])
     assert buffered.num_pending == 300 and buffered.num_observations == 0
     buffered.flush()
     assert buffered.num_pending == 0 and buffered.num_observations == 300
@@ -56,7 +58,7 @@ def test_added_drafts_are_observed_at_flush_as_one_update():
 def test_before_any_outcome_the_map_trusts_the_drafter():
     calibrator = ConfidenceCalibrator(max_positions=2, num_bins=10)
     raw = np.array([0.05, 0.52, 0.99])
-    assert [calibrator.value(p, c) for p, c in zip([0, 1, 5], raw)] == pytest.approx([0.05, 0.55, 0.95])
+    assert calibrator.calibrated(np.array([0, 1, 5]), raw).tolist() == pytest.approx([0.05, 0.55, 0.95])
     assert calibrator.calibration_error() == 0.0
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rollout import default_model_paths, default_prompts
-from rollout.cli import K_LEGEND, build_parser
+from rollout.cli import K_LEGEND, build_parser, drain
 from rollout.default_task import format_prompt, reward
 from spec import SpecConfig
 from spec.tuning import MIN_GAIN
@@ -19,11 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(*args, cwd, python_flags=()):
-    """`python -m rollout ...` as a user runs it, offline, with a step-cost cache of its own, on this checkout's
-    code (PYTHONPATH: an editable install may point at another). The guard only stops a hung process: generous,
+    """`python -m rollout ...` as a user runs it, offline, on this checkout's code (PYTHONPATH: an editable install
+    may point at another). The guard only stops a hung process: generous,
     and on expiry the failure shows what the command had printed."""
-    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "SPEC_ROLLOUTS_CACHE": str(Path(cwd) / "cache"),
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(ROOT)}
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(ROOT)}
     try:
         return subprocess.run([sys.executable, *python_flags, "-m", "rollout", *args], cwd=cwd,
                               capture_output=True, text=True, env=env, timeout=1800)
@@ -49,6 +48,13 @@ def test_generate_writes_jsonl_and_prints_the_summary(tmp_path):
     prompts = default_prompts(3, seed=0)
     scores = [reward(prompts[s["prompt_index"]], s["text"]) for s in lines]
     assert all(score in (0.0, 1.0) for score in scores)
+
+
+def test_the_drain_shows_the_cap_and_the_drafts_verified_per_request_at_each_batch_size():
+    k_per_batch_size = {64: {8: 3}, 40: {8: 1}, 2: {8: 4, 4: 1}, 1: {8: 10}}
+    drafts = {64: 3 * 64 * 2, 40: 40 * 5, 2: 2 * 5 * 3, 1: 50}
+    assert drain(k_per_batch_size, drafts) == ("33-64: K 8, 2.5 verified, 4 steps | 2: K 8, 3.0 verified, 5 steps | "
+                                               "1: K 8, 5.0 verified, 10 steps")
 
 
 def test_generate_with_a_user_config_and_no_speculation(tmp_path):
@@ -93,7 +99,6 @@ def test_tune_prints_a_schedule_both_engines_accept(tmp_path):
     assert "acceptance per position" in result.stderr and "predicted K" in result.stderr
     assert "measured K" in result.stderr  # every K was timed at every batch size of the grid
     assert "accepted by: RolloutGenerator" in result.stderr and "not vllm serve: method 'history'" in result.stderr
-    assert list((tmp_path / "cache").glob("step_costs-*.json"))  # the measured costs are cached for later runs
 
 
 @pytest.mark.parametrize("config, takers, not_taken", [

@@ -1,6 +1,5 @@
 """The engine's sampled completions follow the target's distribution exactly, with speculation on."""
 
-import collections
 import itertools
 import math
 
@@ -37,24 +36,15 @@ def _chi2_with_merged_bins(counts: dict, probs: dict) -> tuple[float, int]:
     return stat, len(bins) - 1
 
 
-# Adaptive verification under cost tables that make it verify some drafts and skip others (asserted below).
-# Suffix drafting (model-free: no draft table): a draft pays for itself only above a survival of about 0.1 (its
-# confidences are match frequencies weighed by the short matches' lengths, 1-5 tokens here), and the requests'
-# matches differ.
-COSTS = {"verify": {n: {n: 1.0, 3 * n: 1.2} for n in (1, 8, 64)}}
-# The target drafting for itself: the first wave's 64 requests draft from the same context, so their survivals tie
-# and a threshold keeps all of them or none; which one rode on the last digits of the confidences, and CI's CPU read
-# all (every first step verified both drafts). Here a token costs next to nothing while at most one row in eight is
-# wider than one token (the runner attends to those apart: spec/adaptive/step_cost.py) and a whole forward more beyond, so
-# the first wave verifies one of its two drafts on 8 rows and none on the other 56, with the confidences anywhere
-# above 1% and the measured drafting time scaled by 0.1 or 10 (checked by hand).
-SPLIT_COSTS = {"verify": {1: {1: 1.0, 2: 1.001, 3: 1.002}, 8: {8: 1.0, 9: 1.001, 16: 3.0, 24: 5.0},
-                          64: {64: 1.0, 72: 1.001, 128: 3.0, 192: 5.0}}, "draft": {1: 0.01, 64: 0.01}}
+# Adaptive verification under step costs that make it verify some drafts and skip others (asserted below): each target
+# forward advances the engine's clock by 10 ms a row and 7 ms a further token, so a draft pays above a survival of
+# about two thirds (at 5 ms the target drafting for itself at top-k 3 verified every draft).
+PER_ROW, PER_TOKEN = 0.01, 0.007
 
 
 @pytest.mark.parametrize("method", ["suffix", "draft_model", "suffix_adaptive", "draft_model_adaptive"])
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, -1, 1.0), (0.9, 3, 0.9)])
-def test_sampled_completions_follow_the_target(method, temperature, top_k, top_p):
+def test_sampled_completions_follow_the_target(method, temperature, top_k, top_p, engine_clock):
     """3000 sibling completions of one prompt. Suffix drafting proposes from the siblings' outputs (point
     proposals); the draft model samples its drafts (probabilistic q), or, with adaptive verification choosing
     which drafts to verify, is the target itself drafting greedily (its confidences then vary with the context).
@@ -71,18 +61,14 @@ def test_sampled_completions_follow_the_target(method, temperature, top_k, top_p
     elif method == "draft_model_adaptive":
         draft = target
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=LENGTH)
-    costs = {"suffix_adaptive": COSTS, "draft_model_adaptive": SPLIT_COSTS}.get(method)
-    generator = RolloutGenerator(target, speculative_config=config, draft_model=draft, max_num_seqs=64, seed=3,
-                                 step_costs=costs)
+    generator = RolloutGenerator(target, speculative_config=config, draft_model=draft, max_num_seqs=64, seed=3)
+    forward = generator.backend.runner.forward
+    generator.backend.runner.forward = lambda slots, ids, num_logits: engine_clock.advance(
+        PER_ROW * len(slots) + PER_TOKEN * sum(len(row) - 1 for row in ids)) or forward(slots, ids, num_logits)
     batch = generator.generate([PROMPT], NUM_SAMPLES, params, use_tqdm=False)
-    assert batch.stats["num_draft_tokens"] > NUM_SAMPLES // 2  # speculation was active
-    if method == "suffix_adaptive":  # the first step verified both drafts for some requests, fewer for others
-        first_k = collections.Counter(sample.acceptance["k_per_step"][0] for sample in batch.samples)
-        assert first_k[2] > 0 and first_k[0] + first_k[1] > 0, first_k
-    if method == "draft_model_adaptive":  # the first wave drafted two each (no allocation before its first) and
-        # verified one of them for some requests and none for others
-        first_k = collections.Counter(sample.acceptance["k_per_step"][0] for sample in batch.samples[:64])
-        assert first_k[1] > 0 and first_k[0] > 0 and first_k[2] == 0, first_k
+    assert batch.stats["num_draft_tokens"] > NUM_SAMPLES // 10  # speculation was active
+    if drafter != method:  # adaptive verification verified some of the drafts, not all
+        assert batch.stats["num_draft_tokens"] < batch.stats["num_proposed_draft_tokens"]
     counts = {}
     for sample in batch.samples:
         counts[tuple(sample.completion_ids)] = counts.get(tuple(sample.completion_ids), 0) + 1

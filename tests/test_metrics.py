@@ -58,8 +58,8 @@ def test_aggregate_metrics_and_k_per_batch_size():
     record.observe(4, 2)
     record.observe(2, 2)
     stats.add(record)
-    for batch_size, k in [(1, 4), (1, 4), (40, 0), (8, 2)]:
-        stats.observe_step(batch_size, k)
+    for batch_size, k, num_drafts in [(1, 4, 4), (1, 4, 2), (40, 0, 0), (8, 2, 11)]:
+        stats.observe_step(batch_size, k, num_drafts)
     metrics = stats.to_metrics()
     assert metrics["spec/acceptance_rate"] == pytest.approx(4 / 6)
     assert metrics["spec/mean_acceptance_length"] == pytest.approx(3.0)
@@ -67,5 +67,6 @@ def test_aggregate_metrics_and_k_per_batch_size():
     assert metrics["spec/mean_k"] == pytest.approx(3.0)
     d = stats.to_dict()
     assert d["k_per_batch_size"] == {1: {4: 2}, 8: {2: 1}, 40: {0: 1}}
+    assert d["drafts_per_batch_size"] == {1: 6, 8: 11, 40: 0}  # verified, under each cap (fewer where cut)
     assert d["k_offered_histogram"] == {2: 1, 4: 1}
     assert "num_accepted_per_step" not in d  # per request only

@@ -1,31 +1,33 @@
 """Deriving the per-batch-size schedule: predicted from acceptance and step costs (spec/tuning.py), and measured
 by timing rollouts per K (rollout/tune.py)."""
 
+import os
+import tempfile
 from types import SimpleNamespace
 
 import pytest
 
 from rollout import RolloutGenerator, SamplingParams
-from rollout.tune import measure_speeds, schedule_from_measurements
+from rollout.tune import SameHistory, measure_speeds, schedule_from_measurements
 from spec import BatchSizeSchedule, Proposal
-from spec.adaptive import StepCostModel
 from spec.tuning import MeasuredSteps, best_k, predicted_speedup, tuned_schedule
 
 ACCEPTANCE = [0.8, 0.6, 0.4]  # vLLM-style per-position rates: each includes the positions before it
 
 
-def _costs(compute_bound_from: int) -> StepCostModel:
-    """Verification is memory-bound (flat in tokens) below `compute_bound_from` rows and linear in tokens above;
-    a draft forward costs a tenth of a one-token verification."""
-    verify = {}
-    for n in (1, 2, 4, 8, 16, 32, 64, 128):
-        slope = 0.0 if n < compute_bound_from else 1.0 / n
-        verify[n] = {n: 1.0, 4 * n: 1.0 + slope * 3 * n}
-    return StepCostModel(verify, {n: 0.1 for n in (1, 128)})
+class _Costs:
+    """Step times where verification is memory-bound (flat in tokens) below `compute_bound_from` rows and each
+    further token per row costs a one-token verification above; a draft forward costs a tenth of one."""
+
+    def __init__(self, compute_bound_from: int):
+        self.compute_bound_from = compute_bound_from
+
+    def step_seconds(self, batch_size: int, k: int) -> float:
+        return 0.1 * k + 1.0 + (k if batch_size >= self.compute_bound_from else 0.0)
 
 
 def test_predicted_speedup_by_hand():
-    costs = _costs(compute_bound_from=64)
+    costs = _Costs(compute_bound_from=64)
     assert predicted_speedup(ACCEPTANCE, costs, 4, 0) == pytest.approx(1.0)
     assert predicted_speedup(ACCEPTANCE, costs, 4, 2) == pytest.approx((1 + 0.8 + 0.6) / (2 * 0.1 + 1.0))
     assert predicted_speedup(ACCEPTANCE, costs, 64, 3) == pytest.approx((1 + 1.8) / (0.3 + 4.0))
@@ -34,7 +36,7 @@ def test_predicted_speedup_by_hand():
 
 
 def test_schedule_speculates_while_it_pays_and_turns_off_where_it_loses():
-    costs = _costs(compute_bound_from=64)
+    costs = _Costs(compute_bound_from=64)
     ranges = tuned_schedule(ACCEPTANCE, costs, 128)
     schedule = BatchSizeSchedule(ranges, 3)  # valid under the schedule rules
     assert ranges[0][0] == 1 and ranges[-1][1] == 128
@@ -57,9 +59,9 @@ def test_measured_steps_interpolate_in_batch_size_and_k():
 
 
 def test_min_gain_keeps_marginal_speculation_off():
-    costs = _costs(compute_bound_from=1)  # every batch size compute-bound: K=1 gives 1.8 / (0.1 + 2.0)
+    costs = _Costs(compute_bound_from=1)  # every batch size compute-bound: K=1 gives 1.8 / (0.1 + 2.0)
     assert best_k(ACCEPTANCE, costs, 8, min_gain=1.0)[0] == 0  # 0.86x: a loss even without a margin
-    flat = _costs(compute_bound_from=1000)
+    flat = _Costs(compute_bound_from=1000)
     assert best_k(ACCEPTANCE, flat, 8, min_gain=2.5) == (0, 1.0)  # K=3: 2.8 / 1.3 = 2.15x, not the 2.5x asked
     assert best_k(ACCEPTANCE, flat, 8, min_gain=1.02)[0] == 3
 
@@ -98,3 +100,23 @@ def test_measured_tuning_picks_k0_where_drafting_costs_more_than_it_gives(target
                             lambda n, seed: [[5 + (seed + i) % 40] * 3 for i in range(n)])
     assert speeds[0] > 3 * max(speeds[1], speeds[2])
     assert schedule_from_measurements({1: speeds, 4: speeds}, 4, min_gain=1.02) == [[1, 4, 0]]
+
+
+def test_each_k_drafts_from_the_same_history(target):
+    """The history drafter drafts from what the runs before left: with the same seed every K samples the same
+    completions, so a K run after another would draft that run's very completions. SameHistory saves the state
+    after the prompts' earlier epoch and loads it before each run: two runs from it draft alike; without the load,
+    the second drafts its own completions and accepts far more."""
+    config = {"method": "history", "num_speculative_tokens": 4, "suffix_decoding_max_cached_requests": 0}
+    generator = RolloutGenerator(target, speculative_config=config, max_num_seqs=4, seed=0)
+    prompts = [[5, 6, 7], [9, 10]]
+    params = SamplingParams(temperature=1.0, max_tokens=24, seed=3)
+    with tempfile.TemporaryDirectory() as folder:
+        history = SameHistory(generator, os.path.join(folder, "history.npz"))
+        history.revisit(prompts, 2, params)
+        runs = []
+        for restore in (True, True, False):
+            if restore:
+                history.restore()
+            runs.append(generator.generate(prompts, 2, params, use_tqdm=False).stats["mean_acceptance_length"])
+    assert runs[0] == runs[1] and runs[2] > runs[1] + 1

@@ -176,8 +176,8 @@ def test_k_is_vllms_and_tokens_accepted_in_one_step_are_read(registered):
 def test_adaptive_verification_cuts_each_request_and_marks_the_kept_drafts_for_vllm(registered):
     """With the project's adaptive verification the speculator turns vLLM's on (the attribute its runner reads) and
     writes confidence 1 for each draft the policy kept, 0 for the rest, whose slots hold fillers. Before its cost fit
-    the policy steps the depth through K, K - 1, ... one step after another (spec/adaptive/observed.py): at the third
-    step it keeps K - 2 = 2 of b's 4 drafts, and the one draft c has left."""
+    the policy steps the depth through K, K - 1, ... one step after another (spec/adaptive/policy.py): at the third
+    step b drafts K - 2 = 2, and c the one draft it has left."""
     runner = Runner(_history(enable_adaptive_verification=True, suffix_decoding_max_cached_requests=0))
     speculator = runner.speculator
     assert speculator.enable_adaptive_verification
@@ -191,7 +191,7 @@ def test_adaptive_verification_cuts_each_request_and_marks_the_kept_drafts_for_v
     assert drafts == {"b": [*OUTPUT[1:3], OUTPUT[0], OUTPUT[0]], "c": [OUTPUT[7], *[OUTPUT[6]] * (K - 1)]}
     confidences = speculator.draft_token_confidence_probs[:2].tolist()  # [num_reqs, K], batch order
     assert confidences == [[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
-    assert speculator.drafting.stats["num_draft_tokens"] == 4 + 1  # proposed, before the cut
+    assert speculator.drafting.stats["num_draft_tokens"] == 2 + 1  # drafted within the policy's caps
 
 
 def test_a_dummy_run_drafts_nothing_and_reset_state_forgets_the_warm_up(registered):

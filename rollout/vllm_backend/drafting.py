@@ -15,9 +15,10 @@ Per step, for the rows the adapter reports:
   keyed by prompt anyway;
 - each request's drafts are capped at the step's K (the adapter's: the schedule's on V1, vLLM's on V2) and at what
   max_model_len leaves;
-- with `enable_adaptive_verification`, each request's drafts are cut to the prefix whose calibrated survival pays for
-  its tokens (spec/adaptive/observed.py: outcomes from the tokens each request gained since the last step, step
-  costs from the time between steps, unknown where the step also prefilled or admitted a request);
+- with `enable_adaptive_verification`, the embedded engine's policy (spec/adaptive/policy.py) plans each request's
+  drafts within its cap and cuts them to the prefix whose calibrated survival pays for its tokens; late_outcomes.py
+  reports it each step's outcome (the tokens each request gained) and time at the next call (unknown where the
+  step also prefilled or admitted a request);
 - finished requests (`finish`) go to the history and the global cache;
 - a drafter that raises drafts nothing that step (a warning, then `release_all`): vLLM would otherwise fail the
   engine. A DrafterConfigError (a drafter that cannot work with this target) still raises, as on the embedded engine.
@@ -31,9 +32,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from rollout.vllm_backend.late_outcomes import LateOutcomes
 from rollout.vllm_common import CONFIG_KEY
 from spec import SpecConfig
-from spec.adaptive.observed import ObservedPolicy
 from spec.proposers import DrafterConfigError, DraftRequest, Proposal, build_proposer
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class RolloutDrafting:
     def reset(self) -> None:
         """A fresh drafter and policy, no request known (vLLM's warm-up requests are forgotten so)."""
         self.drafter = build_proposer(self.config, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len)
-        self.policy = ObservedPolicy(self.config.num_speculative_tokens) \
+        self.policy = LateOutcomes(self.config.num_speculative_tokens) \
             if self.config.enable_adaptive_verification else None
         self._requests: dict[str, DraftRequest] = {}  # vLLM request id -> the drafter's view of it
         self._groups: dict[tuple, list[int]] = {}  # prompt token ids -> [group id, live requests]
@@ -115,10 +116,10 @@ class RolloutDrafting:
         if self.policy is not None:
             step_seconds = None if is_new or len(drafted) < len(rows) or self._last_end is None \
                 else start - self._last_end
-            self.policy.observe({r.req_id: rows[i].num_new_tokens for i, r in zip(drafted, requests)}, step_seconds)
+            self.policy.report({r.req_id: rows[i].num_new_tokens for i, r in zip(drafted, requests)}, step_seconds)
         drafts = [[] for _ in rows]
         if requests:
-            for i, row_drafts in zip(drafted, self._draft(requests, caps)):
+            for i, row_drafts in zip(drafted, self._draft(requests, caps, k)):
                 drafts[i] = row_drafts
         self._last_end = time.perf_counter()
         self.stats["seconds"] += self._last_end - start
@@ -143,15 +144,16 @@ class RolloutDrafting:
             request.token_ids.extend(new_tokens)
         return request
 
-    def _draft(self, requests: list[DraftRequest], caps: list[int]) -> list[list[int]]:
-        """Each request's drafts: the drafter's, cut by adaptive verification where it is on."""
+    def _draft(self, requests: list[DraftRequest], caps: list[int], k: int) -> list[list[int]]:
+        """Each request's drafts: the drafter's, planned and cut by adaptive verification where it is on."""
+        if self.policy is not None:
+            caps = self.policy.limits([r.req_id for r in requests], caps, k)
         start = time.perf_counter()
         proposal = self._propose(requests, caps)
         self.stats["num_draft_tokens"] += sum(proposal.num_draft_tokens)
         if self.policy is None:
             return proposal.token_ids
-        lengths = self.policy.choose([r.req_id for r in requests], proposal.confidence, time.perf_counter() - start)
-        return proposal.prefix(lengths).token_ids
+        return proposal.prefix(self.policy.cut(proposal, time.perf_counter() - start)).token_ids
 
     def _propose(self, requests: list[DraftRequest], caps: list[int]) -> Proposal:
         try:

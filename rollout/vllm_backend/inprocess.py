@@ -173,18 +173,18 @@ class VLLMBackend(VLLMCommon):
         return self.llm.collective_rpc("rollout_drafter_stats")[0] if self.uses_proposer else None
 
     def measure_step_times(self, prompt_ids: list[list[int]], batch_sizes: list[int], ks: list[int]):
-        """vLLM's whole-step seconds at each batch size and K (step_times.py), for the schedule tuner."""
-        from rollout.vllm_backend.step_times import measure_step_times
+        """vLLM's whole-step seconds at each batch size and K (rollout/step_times.py), for the schedule tuner."""
+        from rollout.step_times import measure_step_times
         return measure_step_times(self, prompt_ids, batch_sizes, ks)
 
     def _sampling_params(self, params, seed: int):
         import vllm
         stop_ids = set(self.eos_token_ids)
         if isinstance(params, SamplingParams):
-            stop_ids |= set(params.stop_token_ids or ())
+            stop_ids = (set() if params.ignore_eos else stop_ids) | set(params.stop_token_ids or ())
             return vllm.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                                        max_tokens=params.max_tokens, stop_token_ids=sorted(stop_ids),
-                                       seed=seed, logprobs=0, detokenize=False)
+                                       ignore_eos=params.ignore_eos, seed=seed, logprobs=0, detokenize=False)
         if isinstance(params, vllm.SamplingParams):
             self._check_vllm_sampling(params)
             import msgspec

@@ -19,7 +19,7 @@ What Model Runner V2 hands a speculator, and what this one does with it, per ste
   verification (vllm/v1/worker/gpu/spec_decode/adaptive_verification.py: AdaptiveVerificationManager trims each
   request's verified slots on the device, ranking them by the speculator's `draft_token_confidence_probs`). With
   the project's `enable_adaptive_verification`, versions.py turns it on, and this class writes confidence 1 for
-  the drafts the project's policy kept (drafting.py, spec/adaptive/observed.py) and 0 for the rest, fillers
+  the drafts the project's policy kept (drafting.py, spec/adaptive/policy.py) and 0 for the rest, fillers
   included, so vLLM's budget admits the policy's choice (docs/vllm_proposer.md says where it can differ);
 - `on_requests_finished` (before the slots are freed) finishes those requests: their outputs go to the history;
 - `reset_state` (after vLLM's warm-up requests) forgets what the warm-up taught the drafter.

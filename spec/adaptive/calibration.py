@@ -38,7 +38,6 @@ class ConfidenceCalibrator:
         self.num_accepted = np.zeros((max_positions, num_bins))
         self.num_judged = np.zeros((max_positions, num_bins))
         self.table = np.tile(self.centres, (max_positions, 1))  # [max_positions, num_bins]: a(j, bin)
-        self._rows_list = self.table.tolist()  # the same, for the per-draft lookups of `value` (plain Python)
         # Acceptance rate per position, whatever the confidence: the first from a prior of 1/2, each later one from
         # the rate before it (positions drafted rarely would otherwise sit near 1/2 and never be drafted to learn
         # better: a good drafter's deep drafts are accepted as often as its early ones, or more)
@@ -46,43 +45,30 @@ class ConfidenceCalibrator:
         self._num_unfitted = np.zeros(max_positions)  # outcomes per position since its last refit
         self.num_observations = 0  # judged drafts observed (a plain int: the engine reads it every step)
         self._error = {name: np.zeros((3, _NUM_ERROR_BINS)) for name in ("calibrated", "raw")}
-        self._pending: tuple[list[int], list[float], list[bool]] = ([], [], [])  # added, not yet observed
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # added, not yet observed
+        self.num_pending = 0
 
-    def value(self, position: int, raw: float) -> float:
-        """a(position, raw) of one draft. Plain Python: the engine asks for a few per request each draft step,
-        where numpy's per-call overhead would cost more than the lookups."""
-        row = self._rows_list[min(position, self.max_positions - 1)]
-        return row[min(max(int(raw * self.num_bins), 0), self.num_bins - 1)]
-
-    def values(self, confidences: list[float]) -> list[float]:
-        """[a(0, c_0), a(1, c_1), ...]: one request's drafts, calibrated (value() inlined: every request, every
-        step)."""
-        rows, num_bins, last = self._rows_list, self.num_bins, self.max_positions - 1
-        return [rows[min(j, last)][min(max(int(raw * num_bins), 0), num_bins - 1)]
-                for j, raw in enumerate(confidences)]
+    def calibrated(self, positions: np.ndarray, raw: np.ndarray) -> np.ndarray:
+        """a(position, raw) of each draft: positions [n] (0-based), raw confidences [n]."""
+        return self.table[self._rows(positions), self._bins(raw)]
 
     def acceptance_rate(self, position: int) -> float:
         """P(draft `position` accepted | the drafts before it accepted), before its confidence is known: the
         position's observed rate (as of its last refit), from a prior of the rate before it (1/2 for the first)."""
         return self._rates[min(position, self.max_positions - 1)]
 
-    def add(self, positions, raw: list[float], accepted: list[bool]) -> None:
+    def add(self, positions: np.ndarray, raw: np.ndarray, accepted: np.ndarray) -> None:
         """Judged drafts (as observe's), kept until flush(): an update costs a few hundred microseconds whatever its
-        size, so the policies hand several steps' outcomes over at once, each by its own rule."""
-        self._pending[0].extend(positions)
-        self._pending[1].extend(raw)
-        self._pending[2].extend(accepted)
-
-    @property
-    def num_pending(self) -> int:
-        return len(self._pending[0])
+        size, so the policy hands several steps' outcomes over at once."""
+        self._pending.append((positions, raw, accepted))
+        self.num_pending += len(positions)
 
     def flush(self) -> None:
         """Observe the drafts added since the last flush."""
-        positions, raw, accepted = self._pending
-        self._pending = ([], [], [])
-        self.observe(np.array(positions, dtype=np.int64), np.array(raw, dtype=np.float64),
-                     np.array(accepted, dtype=bool))
+        if self._pending:
+            positions, raw, accepted = (np.concatenate(parts) for parts in zip(*self._pending))
+            self._pending, self.num_pending = [], 0
+            self.observe(positions, raw, accepted)
 
     def observe(self, positions: np.ndarray, raw: np.ndarray, accepted: np.ndarray) -> None:
         """Judged drafts: positions [n], raw confidences [n], outcomes [n] (bool)."""
@@ -109,7 +95,6 @@ class ConfidenceCalibrator:
         weight = self.num_judged[row] + self.prior_weight
         estimate = (self.num_accepted[row] + self.prior_weight * self.centres) / weight
         self.table[row] = isotonic(estimate, weight)
-        self._rows_list[row] = self.table[row].tolist()
 
     def _refit_rates(self, first: int) -> None:
         """The rates from position `first` on: each refitted one, and the later ones whose prior it is."""

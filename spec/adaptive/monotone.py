@@ -1,5 +1,5 @@
 """Weighted isotonic regression (pool adjacent violators): the closest non-decreasing sequence in weighted
-least squares. Calibration maps and step-cost tables are kept monotone with it."""
+least squares. The calibration maps are kept monotone with it."""
 
 import numpy as np
 

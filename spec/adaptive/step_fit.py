@@ -1,0 +1,147 @@
+"""The step-cost model of adaptive verification, fitted online from the steps the engine ran: nothing is profiled.
+
+A step verifies R rows: one token per row, D further tokens (drafts, and a prompt's tokens in a step that prefills)
+and, on an engine that pads each row's attention queries to the widest row's, P padded query slots (the engine's
+`padding` rule; vLLM flattens the rows and pads none). Outside its drafter it costs
+
+    seconds = a + c x R + b x D + w x P
+
+a per step (scheduling, the policy, launching the forward), c per row (its token, sampling, output handling), b per
+further token, w per padded slot (attention only: a third of a token at 8-512 rows on the 2-core CPU). The four are
+fitted per batch size (by powers of 2: a GRPO batch drains from hundreds of rows to one, and the marginal costs move
+with the size and with the contexts the rows have grown to) by least squares over that size's steps, older ones
+fading by _MEMORY a step, with a weak prior that a further token costs what a row does and a padded slot nothing:
+where a size's steps all verified the same drafts per row the data cannot tell b from c, and the prior then splits
+their sum (c + K b) as if a row cost no more than its token, which prices a draft a little high (by the per-row
+overhead over K + 1), so the policy cuts some and the fit sees them apart. Read back, 0 <= w <= b <= (a + c R) / R: a
+padded slot costs no more than a token, and a token no more than a row does on average (noise from other processes
+on a shared machine had fitted 4 ms a draft at 64 rows, where a row costs 0.4). A size is used from _MIN_STEPS steps
+on; until then the nearest size that has them. Read at R rows, a step costs the fit's at its steps' mean rows, plus
+c for each row more (or less), c held between 0 and that cost per row; where the steps all had the same rows (a and
+c then apart only by the prior), the cost per row is that cost's share (a 4-row fit had read -0.12 + 0.041 R). Once
+a size is used, each of its steps counts at most as if it took _MAX_RATIO times (or 1/_MAX_RATIO) the prediction.
+
+A drafter with forwards of its own (the draft model: Proposal.forward_seconds) costs e + f x m seconds a forward of
+m rows, fitted likewise over all sizes.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+_MEMORY = 0.97  # per step, the weight of a size's earlier steps: the fit follows its last ~30
+_FORWARD_MEMORY = 0.99  # per draft forward: a step runs several
+_MIN_STEPS = 8  # a size's fit is used once this many of its steps are in
+_SOLVE_EVERY = 4
+_RIDGE = 1e-12  # on every coefficient, so that a direction no observation has seen solves to ~0
+_MAX_RATIO = 1.5  # one step stalled by another process or a garbage collection must not undo what many showed
+_PRIOR_WEIGHT = 0.01  # the prior's rows, scaled by this, count as 1e-4 of a step: they settle what the data leave
+# open and bend little of what they show (at 0.1, 16-31 rows with 0.5 ms of noise read c 33% low)
+
+Padding = Callable[[int, int, int, int], int]  # (rows, tokens, widest row's tokens, rows wider than one) -> slots
+
+
+class LeastSquares:
+    """Exponentially weighted least squares y ~ x . theta, plus prior rows (x, y) that count one observation each;
+    solved anew every _SOLVE_EVERY observations (a solve cost a fifth of the policy's time when done every step)."""
+
+    def __init__(self, num_features: int, memory: float, prior: list[tuple[list[float], float]]):
+        self.memory = memory
+        self.moments = np.zeros((num_features, num_features))  # faded sum of x x^T
+        self.targets = np.zeros(num_features)  # faded sum of x y
+        self.num_observations = 0
+        prior_x = np.array([x for x, _ in prior], dtype=float)
+        self._prior = (prior_x.T @ prior_x, prior_x.T @ np.array([y for _, y in prior], dtype=float))
+        self._solution = None  # solved at the first read after an add
+
+    def add(self, x: list[float], y: float) -> None:
+        x = np.asarray(x, dtype=float)
+        self.moments = self.memory * self.moments + np.outer(x, x)
+        self.targets = self.memory * self.targets + x * y
+        self.num_observations += 1
+        if self.num_observations % _SOLVE_EVERY == 0:
+            self._solution = None
+
+    @property
+    def solution(self) -> list[float]:
+        """theta (near zero in any direction that the observations and the prior leave open: a tiny ridge)."""
+        if self._solution is None:
+            moments = self.moments + self._prior[0] + _RIDGE * np.eye(len(self.targets))
+            self._solution = np.linalg.solve(moments, self.targets + self._prior[1]).tolist()
+        return self._solution
+
+
+@dataclass
+class StepPrice:
+    """The fitted cost of a step at num_rows rows, outside the drafter."""
+
+    num_rows: int
+    base: float  # seconds with one token per row (a + c x rows)
+    per_token: float  # b
+    per_padded: float  # w
+    padding: Padding | None
+
+    def cost(self, num_tokens: int, width: int, num_wide: int) -> float:
+        """Seconds verifying num_tokens tokens, the widest row `width` tokens, num_wide rows wider than one (the
+        verify_cost of budget.choose_budget)."""
+        padded = 0 if self.padding is None else self.padding(self.num_rows, num_tokens, width, num_wide)
+        return self.base + self.per_token * (num_tokens - self.num_rows) + self.per_padded * padded
+
+
+class StepFit:
+    """The step costs by batch size, and the drafter's forward costs. padding: the engine's padded query slots of a
+    forward (None: it pads none)."""
+
+    def __init__(self, padding: Padding | None = None):
+        self.padding = padding
+        self._sizes: dict[int, LeastSquares] = {}  # batch size's bit length -> its fit of (a, c, b, w)
+        self.forwards = LeastSquares(2, _FORWARD_MEMORY, [([0.0, 1.0], 0.0)])  # (e, f); prior f = 0
+
+    def observe_step(self, widths: list[int], seconds: float) -> None:
+        """A decoding step's seconds outside the drafter; widths: each row's verified tokens (1 + its drafts)."""
+        rows, tokens = len(widths), sum(widths)
+        bucket = rows.bit_length()
+        if bucket not in self._sizes:
+            r = _PRIOR_WEIGHT * 2 ** (bucket - 1)  # a size's (c - b) and w move its steps' seconds by r times
+            self._sizes[bucket] = LeastSquares(4, _MEMORY, [([0.0, r, -r, 0.0], 0.0), ([0.0, 0.0, 0.0, r], 0.0)])
+        num_wide = sum(w > 1 for w in widths)
+        padded = 0 if self.padding is None else self.padding(rows, tokens, max(widths), num_wide)
+        fit = self._sizes[bucket]
+        if fit.num_observations >= _MIN_STEPS:  # a stalled step counts as at most 1.5x what the fit predicts
+            predicted = self._price(bucket, rows).cost(tokens, max(widths), num_wide)
+            seconds = min(max(seconds, predicted / _MAX_RATIO), predicted * _MAX_RATIO)
+        fit.add([1.0, rows, tokens - rows, padded], seconds)
+
+    def observe_forwards(self, forwards: list[tuple[int, float]]) -> None:
+        """The drafter's forwards after its first of a step: (rows, seconds) each."""
+        for rows, seconds in forwards:
+            self.forwards.add([1.0, rows], seconds)
+
+    @property
+    def has_forwards(self) -> bool:
+        return self.forwards.num_observations > 0
+
+    def forward_costs(self, max_rows: int) -> list[float]:
+        """Seconds of one draft forward of 1 .. max_rows rows (each > 0)."""
+        e, f = self.forwards.solution
+        return [max(e + f * m, 1e-6) for m in range(1, max_rows + 1)]
+
+    def price(self, num_rows: int) -> StepPrice | None:
+        """The step's price at num_rows rows from the fit at its batch size, else the nearest one used; None before
+        any size is."""
+        bucket = num_rows.bit_length()
+        ready = [b for b, fit in self._sizes.items() if fit.num_observations >= _MIN_STEPS]
+        near = min(ready, key=lambda b: (abs(b - bucket), -b), default=None)
+        return None if near is None else self._price(near, num_rows)
+
+    def _price(self, bucket: int, num_rows: int) -> StepPrice:
+        fit = self._sizes[bucket]
+        a, c, b, w = fit.solution
+        mean_rows = fit.moments[0, 1] / fit.moments[0, 0]
+        level = max(a + c * mean_rows, 1e-6)  # a step's cost where the size's steps ran
+        spread = fit.moments[1, 1] / fit.moments[0, 0] - mean_rows ** 2  # their variance in rows
+        per_row = min(max(c, 0.0), level / mean_rows) if spread >= 1.0 else level / mean_rows
+        base = max(level + per_row * (num_rows - mean_rows), 1e-6)
+        per_token = min(max(b, 0.0), base / num_rows)
+        return StepPrice(num_rows, base, per_token, min(max(w, 0.0), per_token), self.padding)

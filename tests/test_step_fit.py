@@ -1,0 +1,89 @@
+"""The online step-cost fit (spec/adaptive/step_fit.py) and the ragged runner's padding rule it prices
+(spec/model_runner.py): no profile, only the steps an engine reports."""
+
+import random
+
+import pytest
+
+from spec.adaptive.step_fit import StepFit
+from spec.model_runner import padded_queries
+
+A, C, B, W = 0.02, 0.001, 0.0004, 0.0001  # seconds per step, per row, per further token, per padded slot
+
+
+def _padded_to_widest(rows, tokens, width, num_wide):
+    return rows * width - tokens
+
+
+def _steps(fit: StepFit, rng: random.Random, num_steps: int, rows=(16, 31), k=4, noise=0.0005) -> None:
+    """Decoding steps of 16-31 rows verifying 0 .. k drafts each, timed at the known costs plus uniform noise."""
+    for _ in range(num_steps):
+        widths = [1 + rng.randint(0, k) for _ in range(rng.randint(*rows))]
+        tokens, padded = sum(widths), len(widths) * max(widths) - sum(widths)
+        seconds = A + C * len(widths) + B * (tokens - len(widths)) + W * padded
+        fit.observe_step(widths, seconds + rng.uniform(-noise, noise))
+
+
+def test_the_fit_recovers_the_costs_of_the_steps_it_is_shown():
+    fit = StepFit(_padded_to_widest)
+    _steps(fit, random.Random(0), 200)
+    price = fit.price(20)
+    assert price.base == pytest.approx(A + C * 20, rel=0.05)
+    assert price.per_token == pytest.approx(B, rel=0.1) and price.per_padded == pytest.approx(W, rel=0.3)
+    # a step of 20 rows verifying 40 tokens, the widest 5 (all rows wide: padded to 5)
+    assert price.cost(40, 5, 10) == pytest.approx(A + C * 20 + B * 20 + W * 60, rel=0.05)
+
+
+def test_steps_that_verify_the_same_drafts_per_row_price_a_draft_as_a_row():
+    """Every row verifying 4 drafts every step: only c + 4b is in the data; the prior splits it as b = c, what a
+    drafted token would cost if rows cost nothing more than their tokens (drafts priced dearly, so the policy cuts
+    some and the fit then sees them apart)."""
+    fit = StepFit()
+    rng = random.Random(1)
+    for _ in range(100):
+        rows = rng.randint(16, 31)
+        fit.observe_step([5] * rows, A + (C + 4 * B) * rows)
+    price = fit.price(24)
+    assert price.per_token == pytest.approx((C + 4 * B) / 5, rel=0.02)
+    assert price.cost(24 * 5, 5, 24) == pytest.approx(A + (C + 4 * B) * 24, rel=0.01)  # the data's own steps hold
+
+
+def test_a_batch_size_is_priced_from_its_own_steps_once_it_has_eight_else_from_the_nearest():
+    fit = StepFit()
+    assert fit.price(20) is None  # nothing fitted: the policy steps its depth
+    _steps(fit, random.Random(2), 7)
+    assert fit.price(20) is None
+    _steps(fit, random.Random(3), 1)
+    assert fit.price(20) is not None and fit.price(500) is not None  # 500 rows: the 16-31 fit, the nearest
+    for _ in range(8):
+        fit.observe_step([1] * 500, 1.0)  # a size of its own, one slow second a step
+    assert fit.price(500).base > 0.5 and fit.price(20).base < 0.1
+
+
+def test_negative_marginal_costs_are_held_at_zero_and_a_step_costs_something():
+    fit = StepFit(_padded_to_widest)
+    for drafts in range(40):  # more drafts, less time: noise the fit must not turn into free time
+        fit.observe_step([1 + drafts % 5] * 8, 0.1 - 0.001 * (drafts % 5))
+    price = fit.price(8)
+    assert price.per_token == 0.0 and price.per_padded >= 0.0 and price.base > 0
+
+
+def test_draft_forwards_are_fitted_by_their_rows():
+    fit = StepFit()
+    assert not fit.has_forwards
+    fit.observe_forwards([(m, 0.002 + 0.0001 * m) for m in (1, 4, 16, 64) for _ in range(5)])
+    assert fit.has_forwards
+    costs = fit.forward_costs(64)
+    assert costs[0] == pytest.approx(0.0021, rel=0.02) and costs[63] == pytest.approx(0.0084, rel=0.02)
+
+
+@pytest.mark.parametrize("rows, widths, split", [
+    (8, [3] + [1] * 7, True),  # one wide row in eight: its queries after the first in a block of their own
+    (8, [3, 2] + [1] * 6, False),  # two in eight: every row padded to the widest
+    (16, [4, 2] + [1] * 14, True),
+    (4, [2, 2, 2, 2], False),
+])
+def test_the_padding_rule_counts_the_query_slots_the_ragged_runner_pads(rows, widths, split):
+    tokens, width, wide = sum(widths), max(widths), [w for w in widths if w > 1]
+    expected = sum(width - w for w in wide) if split else sum(width - w for w in widths)
+    assert padded_queries(rows, tokens, width, len(wide)) == expected
