@@ -9,14 +9,17 @@ learn from a prompt's earlier rollouts (`history`) are measured as a training ru
 Arms (`--arms`, default all; a table in `embedded_arms` and bench_epochs_worker.vllm_arms, one line each): the
 embedded engine with no speculation (`no_spec`, always run), the shipped draft model with the default schedule
 (`draft_schedule`), the project's suffix drafter (`suffix`: live siblings and a global cache, K = 4), suffix decoding
-from each prompt's earlier rollouts (`history_k4`, `history_k8`: static K, trees 12 deep), whatever
-`rollout.default_speculative_config()` returns now (`default`: today the history drafter with K = 8 and adaptive
-verification); vLLM's CPU build without speculation (`vllm_no_spec`), with the shipped draft model and the default
-schedule (`vllm_draft_schedule`), with its own suffix decoding at K = --vllm-k (`vllm_suffix`), with the project's
-history drafter through vLLM's custom_class hook at that static K (`vllm_history`), and with
-`rollout.default_speculative_config("vllm")` (`vllm_default`: today that drafter at K = 4 with adaptive
-verification); each in its own process run with --vllm-python, skipped with a message where that interpreter, or
-for vllm_suffix Arctic Inference, is missing.
+from each prompt's earlier rollouts (`history_k4`, `history_k8`: static K, trees 12 deep), that drafter with adaptive
+verification under K = 8 (`history_adaptive`) and under the history drafter's tuned schedule
+(`history_schedule_adaptive`: rollout.defaults.HISTORY_SCHEDULE caps each request, the policy cuts inside), whatever
+`rollout.default_speculative_config()` returns now (`default`); vLLM's CPU build without speculation
+(`vllm_no_spec`), with the shipped draft model and the default schedule (`vllm_draft_schedule`), with its own suffix
+decoding at K = --vllm-k (`vllm_suffix`), with the project's history drafter through vLLM's custom_class hook at that
+static K (`vllm_history`) and K = 8 (`vllm_history_k8`), with adaptive verification under --vllm-k (`vllm_adaptive`)
+and under HISTORY_SCHEDULE
+(`vllm_schedule_adaptive`), and with `rollout.default_speculative_config("vllm")` (`vllm_default`); each in its own
+process run with --vllm-python, skipped with a message where that interpreter, or for vllm_suffix Arctic Inference,
+is missing.
 The vLLM arms run side by side, each with a KV cache for the whole batch: at 64x8 one arm takes 4.5 GiB, and a run
 whose arms do not fit in the memory available is refused before they start (split the arms over runs; each keeps
 vllm_no_spec for its ratios).
@@ -53,6 +56,7 @@ from bench_epochs_worker import timed_generate, vllm_arms
 from bench_rollout import ROOT, Worker, available_arms, check_kv_memory, shapes
 from bench_rollout_worker import embedded_configs
 from rollout import RolloutGenerator, default_model_paths, default_prompts, default_speculative_config
+from rollout.defaults import HISTORY_SCHEDULE
 from rollout.default_task import reward
 from rollout.sampling_params import mix_seed
 from trainers import WeightSync, policy_weights
@@ -72,6 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vllm-k", type=int, default=4, help="K of vllm_suffix and vllm_history")
     p.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     p.add_argument("--max-completion-length", type=int, default=320)
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rollouts (higher: "
+                   "drafts survive less often)")
     p.add_argument("--learning-rate", type=float, default=5e-5)
     p.add_argument("--lr-warmup-steps", type=int, default=3, help="linear warm-up (as grpo_arithmetic.py); the first "
                    "step trains at learning rate 0 under any warm-up, and at 64x8 over 64 prompts an epoch is one step")
@@ -86,6 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 HISTORY = {"method": "history", "suffix_decoding_max_tree_depth": 12}  # the static arms' trees: the default's
+ADAPTIVE = {**HISTORY, "num_speculative_tokens": 8, "enable_adaptive_verification": True}
 
 
 def embedded_arms() -> dict[str, dict | None]:
@@ -96,7 +103,9 @@ def embedded_arms() -> dict[str, dict | None]:
         "suffix": {"method": "suffix", "num_speculative_tokens": 4},
         "history_k4": {**HISTORY, "num_speculative_tokens": 4},
         "history_k8": {**HISTORY, "num_speculative_tokens": 8},
-        "default": default_speculative_config(),  # today: history, K = 8, adaptive verification (rollout/defaults.py)
+        "history_adaptive": ADAPTIVE,  # adaptive verification under K = 8 at every batch size
+        "history_schedule_adaptive": {**ADAPTIVE, "num_speculative_tokens_per_batch_size": HISTORY_SCHEDULE},
+        "default": default_speculative_config(),  # the fastest of the arms above (rollout/defaults.py)
     }
 
 
@@ -252,7 +261,7 @@ def train(run: ShapeRun, prompts: list[str], args) -> None:
     config = GRPOConfig(output_dir=run.weights_dir, max_steps=args.epochs * len(prompts) // run.num_prompts,
                         learning_rate=args.learning_rate, lr_scheduler_type="constant_with_warmup",
                         warmup_steps=args.lr_warmup_steps, per_device_train_batch_size=run.num_prompts *
-                        run.num_generations, num_generations=run.num_generations, temperature=1.0,
+                        run.num_generations, num_generations=run.num_generations, temperature=args.temperature,
                         max_completion_length=args.max_completion_length, bf16=False, logging_steps=1, report_to=[],
                         save_strategy="no", disable_tqdm=True, seed=args.seed, use_cpu=args.device == "cpu")
     policy = AutoModelForCausalLM.from_pretrained(default_model_paths()["target"], dtype=torch.float32)

@@ -31,11 +31,16 @@ from bench_rollout_worker import one_step_prefill, vllm_config  # noqa: E402
 def vllm_arms(k: int) -> dict[str, dict | None]:
     """vLLM arm -> speculative config, from bench_rollout_worker.vllm_config: no speculation; the shipped draft model
     with the default schedule (`vllm_draft_schedule`); vLLM's own suffix decoding (Arctic Inference) at K = k; the
-    project's history drafter through vLLM's custom_class hook at static K = k (`vllm_history`); and
-    rollout.default_speculative_config("vllm") (`vllm_default`: today that drafter at K = 4 with adaptive
-    verification)."""
+    project's history drafter through vLLM's custom_class hook at static K = k (`vllm_history`) and K = 8
+    (`vllm_history_k8`), with adaptive verification under K = k (`vllm_adaptive`) and under
+    rollout.defaults.HISTORY_SCHEDULE (`vllm_schedule_adaptive`); rollout.default_speculative_config("vllm")
+    (`vllm_default`); and on vLLM 0.34+ vLLM's suffix decoding with its own adaptive verification
+    (`vllm_suffix_adaptive`)."""
     names = {"vllm_no_spec": "vllm_no_spec", "vllm_draft_schedule": "vllm_schedule", "vllm_suffix": f"vllm_suffix_k{k}",
-             "vllm_history": f"vllm_history_k{k}", "vllm_default": "vllm_default"}
+             "vllm_history": f"vllm_history_k{k}", "vllm_history_k8": "vllm_history_k8",
+             "vllm_adaptive": f"vllm_history_adaptive_k{k}",
+             "vllm_schedule_adaptive": "vllm_history_schedule_adaptive", "vllm_default": "vllm_default",
+             "vllm_suffix_adaptive": f"vllm_suffix_adaptive_k{k}"}
     return {arm: vllm_config(name) for arm, name in names.items()}
 
 

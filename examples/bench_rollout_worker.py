@@ -29,7 +29,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from rollout import (RolloutGenerator, SamplingParams, default_model_paths, default_prompts,  # noqa: E402
                      default_speculative_config)
-from rollout.defaults import DEFAULT_SCHEDULE  # noqa: E402
+from rollout.defaults import DEFAULT_SCHEDULE, HISTORY_SCHEDULE  # noqa: E402
 
 MAX_K = 8
 STATIC_KS = (1, 2, 4, 8)
@@ -188,8 +188,11 @@ def hf_greedy(model, tokenizer, prompt: str, max_tokens: int) -> list[int]:
 
 def vllm_config(arm: str) -> dict | None:
     """vllm_no_spec; the draft model at static K (vllm_k<K>) or with the default schedule (vllm_schedule); vLLM's
-    suffix decoding (vllm_suffix_k<K>); the project's history drafter through vLLM's custom_class hook at static K
-    (vllm_history_k<K>, trees 12 deep as the default's); rollout.default_speculative_config("vllm") (vllm_default)."""
+    suffix decoding (vllm_suffix_k<K>; with its own adaptive verification on 0.34+: vllm_suffix_adaptive_k<K>); the
+    project's history drafter through vLLM's custom_class hook at static K
+    (vllm_history_k<K>, trees 12 deep as the default's), with adaptive verification under that K
+    (vllm_history_adaptive_k<K>) or under rollout.defaults.HISTORY_SCHEDULE (vllm_history_schedule_adaptive);
+    rollout.default_speculative_config("vllm") (vllm_default)."""
     draft = {"method": "draft_model", "model": default_model_paths()["draft"], "num_speculative_tokens": MAX_K}
     if arm == "vllm_no_spec":
         return None
@@ -199,9 +202,18 @@ def vllm_config(arm: str) -> dict | None:
         return {**draft, "num_speculative_tokens_per_batch_size": DEFAULT_SCHEDULE}
     if arm.startswith("vllm_suffix_k"):
         return {"method": "suffix", "num_speculative_tokens": int(arm.removeprefix("vllm_suffix_k"))}
+    if arm.startswith("vllm_suffix_adaptive_k"):
+        return {"method": "suffix", "num_speculative_tokens": int(arm.removeprefix("vllm_suffix_adaptive_k")),
+                "enable_adaptive_verification": True}
+    history = {"method": "history", "suffix_decoding_max_tree_depth": 12}
     if arm.startswith("vllm_history_k"):
-        return {"method": "history", "num_speculative_tokens": int(arm.removeprefix("vllm_history_k")),
-                "suffix_decoding_max_tree_depth": 12}
+        return {**history, "num_speculative_tokens": int(arm.removeprefix("vllm_history_k"))}
+    if arm.startswith("vllm_history_adaptive_k"):
+        return {**history, "num_speculative_tokens": int(arm.removeprefix("vllm_history_adaptive_k")),
+                "enable_adaptive_verification": True}
+    if arm == "vllm_history_schedule_adaptive":
+        return {**history, "num_speculative_tokens": 8, "num_speculative_tokens_per_batch_size": HISTORY_SCHEDULE,
+                "enable_adaptive_verification": True}
     return {**draft, "num_speculative_tokens": int(arm.removeprefix("vllm_k"))}
 
 

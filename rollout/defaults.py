@@ -9,6 +9,13 @@ No heavy import (torch, transformers): `python -m rollout --help` reads these.
 # non-increasing in the batch size; from 91 running requests up no K beat no speculation by 2%. Re-run tune on other
 # hardware (a GPU's crossover lies about ten times higher).
 DEFAULT_SCHEDULE = [[1, 1, 8], [2, 4, 4], [5, 22, 2], [23, 90, 1], [91, 512, 0]]
+# K by live batch size for the history drafter (K = 8 at most, trees 12 deep) on the GRPO step's shape, what
+# `python -m rollout tune --speculative-config '{"method": "history", "num_speculative_tokens": 8,
+# "suffix_decoding_max_tree_depth": 12}' --max-num-seqs 512 --max-tokens 320 --num-generations 8` measured on the same
+# 2-core CPU, each K from the same history state (the prompts' earlier epoch: rollout/tune.py). Adaptive verification
+# cuts each request inside it. At the tuner's default 64 tokens it read K = 8 up to 181 rows: short completions keep
+# the contexts short, where a verified token costs less.
+HISTORY_SCHEDULE = [[1, 45, 8], [46, 512, 4]]
 # spec.tuning.MIN_GAIN, written out so that the CLI's --help does not import torch (tests/test_cli.py checks both)
 DEFAULT_MIN_GAIN = 1.02
 BACKENDS = ("embedded", "vllm", "server")

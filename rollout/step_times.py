@@ -20,7 +20,11 @@ from spec.tuning import MeasuredSteps
 def measure_step_times(backend, prompt_ids: list[list[int]], batch_sizes: list[int], ks: list[int],
                        num_tokens: int = 32, repeats: int = 2) -> MeasuredSteps:
     """MeasuredSteps over batch_sizes x ks on `backend` (rollout/backend.py); prompt_ids are cycled to fill a batch.
-    The backend's schedule is left forcing the last K: the caller sets the one it wants next."""
+    The backend's schedule is left forcing the last K: the caller sets the one it wants next. ValueError without a
+    speculative config: there is no drafter to draft the K tokens timed."""
+    if backend.config is None:
+        raise ValueError("measure_step_times times the steps of a speculative config's K; this generator runs without "
+                         "one: build it with speculative_config=...")
     batches = {b: [prompt_ids[i % len(prompt_ids)] for i in range(b)] for b in batch_sizes}
     _seconds_per_step(backend, batches[max(batch_sizes)], num_tokens)  # untimed: the first calls pay for allocations
     seconds: dict[int, dict[int, float]] = {b: {} for b in batch_sizes}

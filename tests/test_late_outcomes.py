@@ -23,8 +23,7 @@ def test_outcomes_are_judged_from_the_tokens_gained_by_the_next_call():
     adapter = LateOutcomes(K)
     assert _call(adapter, ["a", "b", "c"], [[0.5] * 3, [0.5] * 2, [0.5]]) == [3, 2, 1]  # unfitted: depth K
     adapter.report({"a": 2, "b": 3}, None)  # a: 1 accepted, 1 rejected (the third unjudged); b: both; c: finished
-    adapter.policy.calibrator.flush()
-    assert adapter.policy.calibrator.num_observations == 4
+    assert adapter.policy.stats()["num_calibration_observations"] == 4
     rates = [adapter.policy.calibrator.acceptance_rate(j) for j in range(2)]
     # position 0: 2 accepted of 2, position 1: 1 of 2, each from a prior of 4 outcomes at the rate before it
     assert rates == pytest.approx([(2 + 4 * 0.5) / 6, (1 + 4 * rates[0]) / 6])

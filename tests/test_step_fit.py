@@ -34,18 +34,24 @@ def test_the_fit_recovers_the_costs_of_the_steps_it_is_shown():
     assert price.cost(40, 5, 10) == pytest.approx(A + C * 20 + B * 20 + W * 60, rel=0.05)
 
 
-def test_steps_that_verify_the_same_drafts_per_row_price_a_draft_as_a_row():
-    """Every row verifying 4 drafts every step: only c + 4b is in the data; the prior splits it as b = c, what a
-    drafted token would cost if rows cost nothing more than their tokens (drafts priced dearly, so the policy cuts
-    some and the fit then sees them apart)."""
+def test_steps_that_show_no_cost_of_a_draft_apart_from_a_rows_price_drafts_free():
+    """Every row verifying 4 drafts every step: only c + 4b is in the data; the prior reads it as c, drafts free, so
+    the policy verifies them and the drafter's varying draft counts show what they cost (priced as a row's share
+    instead, drafts that were not verified never taught the fit otherwise). None verified: the same."""
     fit = StepFit()
     rng = random.Random(1)
     for _ in range(100):
         rows = rng.randint(16, 31)
         fit.observe_step([5] * rows, A + (C + 4 * B) * rows)
     price = fit.price(24)
-    assert price.per_token == pytest.approx((C + 4 * B) / 5, rel=0.02)
+    assert price.per_token == pytest.approx(0.0, abs=1e-9)
     assert price.cost(24 * 5, 5, 24) == pytest.approx(A + (C + 4 * B) * 24, rel=0.01)  # the data's own steps hold
+    undrafted = StepFit()
+    for rows in range(16, 32):
+        undrafted.observe_step([1] * rows, A + C * rows)
+    assert undrafted.price(24).per_token == pytest.approx(0.0, abs=1e-9)
+    _steps(undrafted, random.Random(2), 60)  # then steps that verify 0-4 drafts a row: the fit reads the cost
+    assert undrafted.price(24).per_token == pytest.approx(B, rel=0.15)
 
 
 def test_a_batch_size_is_priced_from_its_own_steps_once_it_has_eight_else_from_the_nearest():

@@ -44,6 +44,7 @@ class Budget:
     lengths: list[int]  # drafts admitted per request
     rate: float  # expected tokens per second of the allocation
     threshold: float  # survival a further draft needs to be worth verifying
+    width: int  # L: the most drafts a request may verify at the optimum
 
 
 def choose_budget(slots: Slots, fixed: float, per_draft: float, per_padded: float = 0.0) -> Budget:
@@ -60,7 +61,9 @@ def choose_budget(slots: Slots, fixed: float, per_draft: float, per_padded: floa
     rates[~is_in] = 0.0  # only an admitted slot ends an allocation
     best = int(np.argmax(rates)) if rates.size else 0  # row-major: the smallest L, then the smallest D among equals
     if not rates.size or rates.flat[best] <= num_rows / fixed:
-        return Budget([0] * num_rows, num_rows / fixed, num_rows / fixed * marginal)
+        return Budget([0] * num_rows, num_rows / fixed, num_rows / fixed * marginal, 0)
     row, column = divmod(best, rates.shape[1])
     lengths = np.bincount(owner[: column + 1][is_in[row, : column + 1]], minlength=num_rows).tolist()
-    return Budget(lengths, float(rates[row, column]), float(rates[row, column]) * marginal)
+    rate = float(rates[row, column])
+    return Budget(lengths, rate, rate * marginal, int(widths[row, 0]))
+

@@ -49,6 +49,7 @@ from spec.proposers.base import Proposal
 
 _EXPLORE_STEPS = 32  # at most one step in 33 at a batch size verifies first drafts that the policy wrote off
 _UNFITTED_DEPTHS = 4  # verified depths stepped through before any fit: K, K - 1, K - 2, K - 3
+_JUDGE_STEPS = 4  # steps whose outcomes reach the calibrator and the request factors at once
 _OBSERVE_BATCH = 64  # judged drafts handed to the calibrator at once (or 1/16 of those it has, if more): an update
 # costs a few hundred microseconds whatever its size, and the map moves little in that many
 
@@ -62,7 +63,9 @@ class AdaptivePolicy:
         self.costs = StepFit(padding)
         self.rate = 0.0  # expected tokens per second of the last allocation; 0 before one (draft up to the cap)
         self.threshold = 0.0  # survival that pays for one more verified token there
-        self._by_batch_size: dict[int, tuple[float, float]] = {}  # log2 batch size -> (rate, threshold) there
+        self._allocations: dict[int, tuple] = {}  # log2 batch size -> (rate, threshold, widest row's drafts) of
+        # the last allocation there
+        self._unjudged: list[tuple] = []  # (req_ids, verified confidences, num_accepted) of the steps since a judge
         self._price: StepPrice | None = None  # this step's
         self.factors = RequestFactors()
         self._step = 0  # steps observed
@@ -85,8 +88,10 @@ class AdaptivePolicy:
             depth = max(self.calibrator.max_positions - self._num_unfitted % _UNFITTED_DEPTHS, 0)
             self._num_unfitted += 1
             return DraftPlan([min(most, depth) for most in step.max_drafts], step.k_max)
-        if not self.costs.has_forwards:  # a model-free drafter: drafting deeper costs nothing to speak of
-            return DraftPlan(list(step.max_drafts), step.k_max)
+        if not self.costs.has_forwards:  # a model-free drafter: up to 2 deeper than the last allocation verified
+            last = self._allocations.get(step.num_reqs.bit_length())
+            depth = step.k_max if last is None else last[2] + 2
+            return DraftPlan([min(most, depth) for most in step.max_drafts], step.k_max)
         self._set_rate(step)
         return DraftPlan(self._depths(step), step.k_max)
 
@@ -96,11 +101,11 @@ class AdaptivePolicy:
             return proposal.num_draft_tokens
         uncached = step.num_uncached
         fixed = draft_seconds + price.cost(sum(uncached), max(uncached), sum(u > 1 for u in uncached))
-        per_padded = min(price.per_padded, price.per_token) if step.is_decoding else 0.0  # prompts set the width
+        per_padded = price.per_padded if step.is_decoding else 0.0  # prompts set a prefilling step's width
         budget = choose_budget(self.survival(step.req_ids, proposal.confidence), fixed, price.per_token, per_padded)
         if step.is_decoding:  # a step that prefills prompts runs at a one-off rate, not the rollout's
             self.rate, self.threshold = budget.rate, budget.threshold
-            self._by_batch_size[step.num_reqs.bit_length()] = (budget.rate, budget.threshold)
+            self._allocations[step.num_reqs.bit_length()] = (budget.rate, budget.threshold, budget.width)
         return budget.lengths
 
     def observe(self, step: StepInfo, outcome: StepOutcome) -> None:
@@ -109,13 +114,16 @@ class AdaptivePolicy:
         self._step += 1
         bucket = step.num_reqs.bit_length()
         self._undrafted[bucket] = 0 if any(verified.num_draft_tokens) else self._undrafted.get(bucket, 0) + 1
-        self._judge(step.req_ids, verified.confidence, outcome.num_accepted)
+        self._unjudged.append((step.req_ids, verified.confidence, outcome.num_accepted))
+        if len(self._unjudged) >= _JUDGE_STEPS:
+            self._judge()
         if step.is_decoding and outcome.seconds is not None:
             widths = [1 + n for n in verified.num_draft_tokens]
             self.costs.observe_step(widths, outcome.seconds - outcome.draft_seconds)
         self.costs.observe_forwards(verified.forward_seconds or [])
 
     def stats(self) -> dict:
+        self._judge()
         self.calibrator.flush()
         return {"calibration_error": self.calibrator.calibration_error(),
                 "raw_calibration_error": self.calibrator.calibration_error("raw"),
@@ -123,23 +131,24 @@ class AdaptivePolicy:
 
     def survival(self, req_ids: list[int], confidences: list[list[float]]) -> Slots:
         """Every draft's S(r, k): the running product of its request's calibrated values up to it, each scaled by the
-        request's factor (a segmented product, as a running sum of logarithms)."""
-        lengths = [len(conf) for conf in confidences]
-        owner = np.repeat(np.arange(len(lengths)), lengths)
-        starts = np.cumsum([0] + lengths)[:-1]
-        position = np.arange(len(owner)) - starts[owner]
-        values = self.calibrator.calibrated(position, np.fromiter(itertools.chain.from_iterable(confidences),
-                                                                    float, len(owner)))
-        factors = self.factors.factors(req_ids, self._step)
-        logs = np.cumsum(np.log(np.maximum(values * factors[owner], 1e-300)))
-        before = np.concatenate(([0.0], logs))[starts][owner]  # the row's sum before its first draft
-        return Slots(np.exp(logs - before), position, owner, len(lengths))
+        request's factor. Plain Python (spec/adaptive/request_factors.py says why)."""
+        rows, num_bins, last = self.calibrator.table_rows, self.calibrator.num_bins, self.calibrator.max_positions - 1
+        survival, position, owner = [], [], []
+        for row, (conf, factor) in enumerate(zip(confidences, self.factors.factors(req_ids, self._step))):
+            value = 1.0
+            for j, raw in enumerate(conf):
+                value *= rows[min(j, last)][min(max(int(raw * num_bins), 0), num_bins - 1)] * factor
+                survival.append(value)
+            position.extend(range(len(conf)))
+            owner.extend([row] * len(conf))
+        return Slots(np.array(survival), np.array(position, dtype=np.int64), np.array(owner, dtype=np.int64),
+                     len(confidences))
 
     def _set_rate(self, step: StepInfo) -> None:
         """This step's rate and threshold (module docstring)."""
         bucket = step.num_reqs.bit_length()
-        near = min(self._by_batch_size, key=lambda b: (abs(b - bucket), -b), default=None)
-        rate, threshold = (self.rate, self.threshold) if near is None else self._by_batch_size[near]
+        near = min(self._allocations, key=lambda b: (abs(b - bucket), -b), default=None)
+        rate, threshold = (self.rate, self.threshold) if near is None else self._allocations[near][:2]
         uncached = step.num_uncached
         plain = step.num_reqs / self._price.cost(sum(uncached), max(uncached), sum(u > 1 for u in uncached))
         if rate and plain > rate:
@@ -151,7 +160,7 @@ class AdaptivePolicy:
         if not self.rate:
             return list(step.max_drafts)
         acceptance_rate = self.calibrator.acceptance_rate
-        factors = self.factors.factors(step.req_ids, self._step).tolist()
+        factors = self.factors.factors(step.req_ids, self._step)
         forward_costs = self.costs.forward_costs(step.num_reqs)
         depths, survival = [0] * step.num_reqs, [1.0] * step.num_reqs
         rows, num_drafting = [row for row, most in enumerate(step.max_drafts) if most], 0
@@ -194,10 +203,15 @@ class AdaptivePolicy:
         after = price.padding(num_reqs, num_tokens + m, depth + 2, max(m, num_wide))
         return price.per_padded * max(after - before, 0)
 
-    def _judge(self, req_ids: list[int], confidences: list[list[float]], num_accepted: list[int | None]) -> None:
-        """Verified drafts and how many of each row's were accepted (None: unknown); drafts after a rejection are
-        unjudged."""
-        accepted = np.array([-1 if n is None else n for n in num_accepted], dtype=np.int64)
+    def _judge(self) -> None:
+        """The verified drafts of the steps since the last judge and how many of each row's were accepted (None:
+        unknown); drafts after a rejection are unjudged. The request factors add each request's outcomes as of now."""
+        if not self._unjudged:
+            return
+        req_ids = [req_id for ids, _, _ in self._unjudged for req_id in ids]
+        confidences = [conf for _, step, _ in self._unjudged for conf in step]
+        accepted = np.array([-1 if n is None else n for _, _, step in self._unjudged for n in step], dtype=np.int64)
+        self._unjudged = []
         judged = np.minimum(accepted + 1, [len(conf) for conf in confidences])  # per row: accepted, then 0 or 1 not
         owner = np.repeat(np.arange(len(judged)), judged)
         position = np.arange(len(owner)) - (np.cumsum(judged) - judged)[owner]
@@ -205,7 +219,7 @@ class AdaptivePolicy:
                           float, len(owner))
         self.calibrator.add(position, raw, position < accepted[owner])
         predicted = np.bincount(owner, self.calibrator.calibrated(position, raw), len(judged))
-        rows = np.flatnonzero(judged)
-        self.factors.add([req_ids[row] for row in rows.tolist()], accepted[rows], predicted[rows], self._step)
+        rows = np.flatnonzero(judged).tolist()
+        self.factors.add([req_ids[row] for row in rows], accepted[rows].tolist(), predicted[rows].tolist(), self._step)
         if self.calibrator.num_pending >= max(_OBSERVE_BATCH, self.calibrator.num_observations // 16):
             self.calibrator.flush()

@@ -10,16 +10,26 @@ a per step (scheduling, the policy, launching the forward), c per row (its token
 further token, w per padded slot (attention only: a third of a token at 8-512 rows on the 2-core CPU). The four are
 fitted per batch size (by powers of 2: a GRPO batch drains from hundreds of rows to one, and the marginal costs move
 with the size and with the contexts the rows have grown to) by least squares over that size's steps, older ones
-fading by _MEMORY a step, with a weak prior that a further token costs what a row does and a padded slot nothing:
-where a size's steps all verified the same drafts per row the data cannot tell b from c, and the prior then splits
-their sum (c + K b) as if a row cost no more than its token, which prices a draft a little high (by the per-row
-overhead over K + 1), so the policy cuts some and the fit sees them apart. Read back, 0 <= w <= b <= (a + c R) / R: a
-padded slot costs no more than a token, and a token no more than a row does on average (noise from other processes
-on a shared machine had fitted 4 ms a draft at 64 rows, where a row costs 0.4). A size is used from _MIN_STEPS steps
-on; until then the nearest size that has them. Read at R rows, a step costs the fit's at its steps' mean rows, plus
-c for each row more (or less), c held between 0 and that cost per row; where the steps all had the same rows (a and
-c then apart only by the prior), the cost per row is that cost's share (a 4-row fit had read -0.12 + 0.041 R). Once
-a size is used, each of its steps counts at most as if it took _MAX_RATIO times (or 1/_MAX_RATIO) the prediction.
+fading by _MEMORY a step.
+
+Prior. Where a size's steps give no view of b apart from c (every row verifying the same drafts, or none), a weak
+prior decides: a further token costs nothing, so drafts are verified and the drafter's own varying draft counts show
+what they cost. The prior the other way (b = c: a draft as dear as a row) had 512-row steps verify 0.08 drafts a row
+where static K = 4's were accepted 94% of the time: drafts priced dearly are not verified, and unverified drafts
+teach the fit nothing. Where the data stay one-sided, free drafts are verified deeper than they pay (fitted b at 8-15
+rows read a third of the 0.1 ms a draft that static K = 4 and 8 measured apart): the schedule's cap bounds that. A
+padded slot is priced as a token until the steps show it cheaper, which keeps the rows level.
+
+Reading. 0 <= w <= b <= (a + c R) / R: a padded slot costs no more than a token, and a token no more than a row does
+on average (noise from other processes had fitted 4 ms a draft at 64 rows, where a row costs 0.4). At R rows a step
+costs the fit's at its steps' mean rows plus c for each row more (or less), c held between 0 and that cost per row;
+where the steps all had the same rows (a and c then apart only by the prior) the cost per row is that cost's share (a
+4-row fit had read -0.12 + 0.041 R). A size is used from _MIN_STEPS steps on; until then the nearest size that is.
+
+Stalls. Once a size is used, each of its steps counts at most as if it took _MAX_RATIO times what it could cost
+(every further token and padded slot as dear as a row) and at least 1/_MAX_RATIO of the prediction. Clipped to
+_MAX_RATIO times the prediction instead, the steps that showed drafts dear after the prior had priced them free were
+cut down to it, and the fit hardly moved.
 
 A drafter with forwards of its own (the draft model: Proposal.forward_seconds) costs e + f x m seconds a forward of
 m rows, fitted likewise over all sizes.
@@ -32,7 +42,7 @@ import numpy as np
 
 _MEMORY = 0.97  # per step, the weight of a size's earlier steps: the fit follows its last ~30
 _FORWARD_MEMORY = 0.99  # per draft forward: a step runs several
-_MIN_STEPS = 8  # a size's fit is used once this many of its steps are in
+_MIN_STEPS = 8  # a size's fit is used from its first solve after this many of its steps
 _SOLVE_EVERY = 4
 _RIDGE = 1e-12  # on every coefficient, so that a direction no observation has seen solves to ~0
 _MAX_RATIO = 1.5  # one step stalled by another process or a garbage collection must not undo what many showed
@@ -43,33 +53,31 @@ Padding = Callable[[int, int, int, int], int]  # (rows, tokens, widest row's tok
 
 
 class LeastSquares:
-    """Exponentially weighted least squares y ~ x . theta, plus prior rows (x, y) that count one observation each;
-    solved anew every _SOLVE_EVERY observations (a solve cost a fifth of the policy's time when done every step)."""
+    """Exponentially weighted least squares y ~ x . theta, plus prior rows (x, y) that count one observation each.
+    Each observation folds into the moments in plain Python (a few features: numpy's per-call cost, 5-10 us between
+    forwards, would be most of it); theta is solved anew every _SOLVE_EVERY observations."""
 
     def __init__(self, num_features: int, memory: float, prior: list[tuple[list[float], float]]):
         self.memory = memory
-        self.moments = np.zeros((num_features, num_features))  # faded sum of x x^T
-        self.targets = np.zeros(num_features)  # faded sum of x y
+        self.moments = [[0.0] * num_features for _ in range(num_features)]  # faded sum of x x^T
+        self.targets = [0.0] * num_features  # faded sum of x y
         self.num_observations = 0
         prior_x = np.array([x for x, _ in prior], dtype=float)
         self._prior = (prior_x.T @ prior_x, prior_x.T @ np.array([y for _, y in prior], dtype=float))
-        self._solution = None  # solved at the first read after an add
+        self.solution: list[float] = [0.0] * num_features  # theta as of the last solve
 
-    def add(self, x: list[float], y: float) -> None:
-        x = np.asarray(x, dtype=float)
-        self.moments = self.memory * self.moments + np.outer(x, x)
-        self.targets = self.memory * self.targets + x * y
+    def add(self, x: list[float], y: float) -> bool:
+        """One observation; True where it completed a batch and theta was solved anew."""
+        m = self.memory
+        for i, (row, xi) in enumerate(zip(self.moments, x)):
+            row[:] = [m * v + xi * xj for v, xj in zip(row, x)]
+            self.targets[i] = m * self.targets[i] + xi * y
         self.num_observations += 1
-        if self.num_observations % _SOLVE_EVERY == 0:
-            self._solution = None
-
-    @property
-    def solution(self) -> list[float]:
-        """theta (near zero in any direction that the observations and the prior leave open: a tiny ridge)."""
-        if self._solution is None:
-            moments = self.moments + self._prior[0] + _RIDGE * np.eye(len(self.targets))
-            self._solution = np.linalg.solve(moments, self.targets + self._prior[1]).tolist()
-        return self._solution
+        if self.num_observations % _SOLVE_EVERY:
+            return False
+        moments = np.array(self.moments) + self._prior[0] + _RIDGE * np.eye(len(x))  # ~0 where nothing was seen
+        self.solution = np.linalg.solve(moments, np.array(self.targets) + self._prior[1]).tolist()
+        return True
 
 
 @dataclass
@@ -96,6 +104,7 @@ class StepFit:
     def __init__(self, padding: Padding | None = None):
         self.padding = padding
         self._sizes: dict[int, LeastSquares] = {}  # batch size's bit length -> its fit of (a, c, b, w)
+        self._read: dict[int, tuple] = {}  # the same -> (level, mean rows, per row, b, w) of its last solve
         self.forwards = LeastSquares(2, _FORWARD_MEMORY, [([0.0, 1.0], 0.0)])  # (e, f); prior f = 0
 
     def observe_step(self, widths: list[int], seconds: float) -> None:
@@ -103,15 +112,18 @@ class StepFit:
         rows, tokens = len(widths), sum(widths)
         bucket = rows.bit_length()
         if bucket not in self._sizes:
-            r = _PRIOR_WEIGHT * 2 ** (bucket - 1)  # a size's (c - b) and w move its steps' seconds by r times
-            self._sizes[bucket] = LeastSquares(4, _MEMORY, [([0.0, r, -r, 0.0], 0.0), ([0.0, 0.0, 0.0, r], 0.0)])
+            r = _PRIOR_WEIGHT * 2 ** (bucket - 1)  # a size's b and w move its steps' seconds by r times as much
+            self._sizes[bucket] = LeastSquares(4, _MEMORY, [([0.0, 0.0, r, 0.0], 0.0), ([0.0, 0.0, -r, r], 0.0)])
         num_wide = sum(w > 1 for w in widths)
         padded = 0 if self.padding is None else self.padding(rows, tokens, max(widths), num_wide)
+        if bucket in self._read:  # a stalled step counts as at most 1.5x what it could cost
+            price = self._price(bucket, rows)
+            predicted = price.cost(tokens, max(widths), num_wide)
+            dearest = price.base * (tokens + padded) / rows  # every token and padded slot at a row's cost
+            seconds = min(max(seconds, predicted / _MAX_RATIO), max(predicted, dearest) * _MAX_RATIO)
         fit = self._sizes[bucket]
-        if fit.num_observations >= _MIN_STEPS:  # a stalled step counts as at most 1.5x what the fit predicts
-            predicted = self._price(bucket, rows).cost(tokens, max(widths), num_wide)
-            seconds = min(max(seconds, predicted / _MAX_RATIO), predicted * _MAX_RATIO)
-        fit.add([1.0, rows, tokens - rows, padded], seconds)
+        if fit.add([1.0, rows, tokens - rows, padded], seconds) and fit.num_observations >= _MIN_STEPS:
+            self._read[bucket] = self._reading(fit)
 
     def observe_forwards(self, forwards: list[tuple[int, float]]) -> None:
         """The drafter's forwards after its first of a step: (rows, seconds) each."""
@@ -131,17 +143,23 @@ class StepFit:
         """The step's price at num_rows rows from the fit at its batch size, else the nearest one used; None before
         any size is."""
         bucket = num_rows.bit_length()
-        ready = [b for b, fit in self._sizes.items() if fit.num_observations >= _MIN_STEPS]
-        near = min(ready, key=lambda b: (abs(b - bucket), -b), default=None)
+        near = min(self._read, key=lambda b: (abs(b - bucket), -b), default=None)
         return None if near is None else self._price(near, num_rows)
 
     def _price(self, bucket: int, num_rows: int) -> StepPrice:
-        fit = self._sizes[bucket]
-        a, c, b, w = fit.solution
-        mean_rows = fit.moments[0, 1] / fit.moments[0, 0]
-        level = max(a + c * mean_rows, 1e-6)  # a step's cost where the size's steps ran
-        spread = fit.moments[1, 1] / fit.moments[0, 0] - mean_rows ** 2  # their variance in rows
-        per_row = min(max(c, 0.0), level / mean_rows) if spread >= 1.0 else level / mean_rows
+        level, mean_rows, per_row, b, w = self._read[bucket]
         base = max(level + per_row * (num_rows - mean_rows), 1e-6)
-        per_token = min(max(b, 0.0), base / num_rows)
-        return StepPrice(num_rows, base, per_token, min(max(w, 0.0), per_token), self.padding)
+        per_token = min(b, base / num_rows)
+        per_padded = 0.0 if self.padding is None else min(w, per_token)  # an engine that pads nothing: free
+        return StepPrice(num_rows, base, per_token, per_padded, self.padding)
+
+    @staticmethod
+    def _reading(fit: LeastSquares) -> tuple:
+        """(a step's cost at the size's mean rows, those rows, the cost per row more, b, w), held as the module
+        docstring says."""
+        a, c, b, w = fit.solution
+        mean_rows = fit.moments[0][1] / fit.moments[0][0]
+        level = max(a + c * mean_rows, 1e-6)
+        spread = fit.moments[1][1] / fit.moments[0][0] - mean_rows ** 2  # the steps' variance in rows
+        per_row = min(max(c, 0.0), level / mean_rows) if spread >= 1.0 else level / mean_rows
+        return float(level), float(mean_rows), float(per_row), max(b, 0.0), max(w, 0.0)
