@@ -55,9 +55,9 @@ def _add_common(parser: argparse.ArgumentParser, num_generations: int, max_token
                              "draft_model with K = 8 and the default per-batch-size schedule")
     parser.add_argument("--speculative-config", default=None,
                         help="the same JSON as vLLM's --speculative-config; 'none' turns speculation off "
-                             "(default: rollout.default_speculative_config(backend); embedded: the rollout-history "
-                             "drafter with K = 8 and adaptive verification, which needs no draft model; vllm: the "
-                             "same drafter inside vLLM with K = 4 and adaptive verification)")
+                             "(default: rollout.default_speculative_config(backend): the rollout-history drafter with "
+                             "K = 4 and adaptive verification, which needs no draft model; on vllm inside vLLM's "
+                             "workers)")
     parser.add_argument("--num-generations", type=_positive_int, default=num_generations, help="samples per prompt")
     parser.add_argument("--max-tokens", type=_positive_int, default=max_tokens,
                         help="completion tokens per sample at most")

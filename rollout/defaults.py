@@ -24,19 +24,19 @@ BACKENDS = ("embedded", "vllm", "server")
 def default_speculative_config(backend: str = "embedded", draft_model: str | None = None) -> dict:
     """The speculative config that measured fastest on the GRPO step for `backend`. A fresh dict: change it freely.
 
-    embedded: the rollout-history drafter (each prompt's earlier rollouts, its live siblings and a global cache of
-    outputs) with K = 8 and adaptive verification through the drain, its suffix trees 12 tokens deep (24, vLLM's
-    default, made the drafter's trie updates a fifth of a 512-row call for no more acceptance). On
-    examples/bench_epochs.py it beat the draft model with DEFAULT_SCHEDULE at 8x8 and 64x8, fresh prompts included.
-    vllm and server: the same drafter inside vLLM's workers (rollout/vllm_backend/, through the hook the installed vLLM
-    has) with K = 4 and adaptive verification: on bench_epochs (vLLM's CPU build) the fastest of vLLM's arms at 64x8,
-    fresh prompts included, and level with vLLM's own suffix decoding at 8x8; the draft model with DEFAULT_SCHEDULE
-    fell below no speculation at 64x8 there.
+    Every backend: the rollout-history drafter (each prompt's earlier rollouts, its live siblings and a global cache
+    of outputs; on vLLM inside its workers, rollout/vllm_backend/) with K = 4 and adaptive verification through the
+    drain, its suffix trees 12 tokens deep (24, vLLM's default, made the drafter's trie updates a fifth of a 512-row
+    call for no more acceptance). On examples/bench_epochs.py's rollouts (2-core CPU, 8x8 and 64x8, epochs 1-3) it ran
+    0.96-1.03x static K = 4, the fastest static arm, and cut the drafts where they rarely survive; with K = 8 the same
+    policy ran 0.92-0.99x, and with HISTORY_SCHEDULE (K = 8 up to 45 rows, 4 above) 0.94-1.10x: on top of the policy
+    under K = 4 the schedule added nothing. The draft model with DEFAULT_SCHEDULE trailed both engines' defaults and
+    fell below no speculation at 64x8 on vLLM.
     With `draft_model` given (any backend): that draft model with K = 8 and DEFAULT_SCHEDULE."""
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: choose one of {list(BACKENDS)}")
     if draft_model is None:
-        return {"method": "history", "num_speculative_tokens": 8 if backend == "embedded" else 4,
-                "enable_adaptive_verification": True, "suffix_decoding_max_tree_depth": 12}
+        return {"method": "history", "num_speculative_tokens": 4, "enable_adaptive_verification": True,
+                "suffix_decoding_max_tree_depth": 12}
     return {"method": "draft_model", "model": draft_model,
             "num_speculative_tokens": 8, "num_speculative_tokens_per_batch_size": [list(r) for r in DEFAULT_SCHEDULE]}

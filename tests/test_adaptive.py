@@ -109,12 +109,16 @@ def test_seeded_sampling_is_unchanged_by_adaptive_verification(target, draft, en
 
 def test_the_policy_learns_the_step_costs_from_the_engines_own_steps(target, engine_clock):
     """No profile: the fit at the batch size the steps ran reads back the price the engine's clock charged per
-    further token, and per step a little more than per row (steps that admit requests prefill their prompts)."""
+    further token, and per step a little more than per row (steps that admit requests prefill their prompts); the
+    price reads that cost at most one standard error lower (optimism), which here is within 30% of it."""
     config, _ = CONFIGS["custom_class"](target, None)
     generator = priced(_generator(target, config), engine_clock)
     generator.generate(PROMPTS, 2, GREEDY, use_tqdm=False)
-    price = generator.backend.speculation.policy.costs.price(4)
-    assert price.per_token == pytest.approx(0.005, rel=0.15) and 4 * PER_ROW <= price.base <= 1.1 * 4 * PER_ROW
+    costs = generator.backend.speculation.policy.costs
+    fitted = costs._sizes[(4).bit_length()].solution[2]
+    price = costs.price(4)
+    assert fitted == pytest.approx(0.005, rel=0.15) and 0.7 * 0.005 <= price.per_token <= fitted
+    assert 4 * PER_ROW <= price.base <= 1.1 * 4 * PER_ROW
 
 
 def test_allocation_never_exceeds_the_schedule_k(target, draft, engine_clock):

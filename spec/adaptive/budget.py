@@ -22,21 +22,18 @@ pass over the running sums of the ranked survivals ([K, drafts] arrays).
 
 `threshold` is the survival a further draft would need to pay for itself at the optimum, within its L:
 rate* x (per_draft - per_padded). A drafter can stop extending a request whose survival has fallen below it.
+
+Every draft in. Where the drafter is good most steps admit every draft, so that case is settled first in plain Python
+(the policy runs between forwards, where each numpy call costs 5-10 us): with rho the rate of admitting every draft
+(widest row L) and m = per_draft - per_padded, that allocation is the optimum when every draft has S > rho x m, and for
+each l = 1 .. L the drafts at positions l .. L together have sum(S - rho x m) > rho x per_padded x N x (L - l + 1).
+Then no allocation of width l - 1 beats it (its best keeps every draft below position l, each worth more than it
+costs), and none of width L does either. Strict inequalities leave ties to the search, which breaks them as above.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
-
-
-@dataclass
-class Slots:
-    """Every draft of a step, flattened: survival[i] = S(owner[i], position[i] + 1)."""
-
-    survival: np.ndarray  # [num_drafts] float
-    position: np.ndarray  # [num_drafts] int, 0-based within its request
-    owner: np.ndarray  # [num_drafts] int, the request's row
-    num_rows: int
 
 
 @dataclass
@@ -47,17 +44,50 @@ class Budget:
     width: int  # L: the most drafts a request may verify at the optimum
 
 
-def choose_budget(slots: Slots, fixed: float, per_draft: float, per_padded: float = 0.0) -> Budget:
-    """The allocation (module docstring); fixed > 0 seconds, 0 <= per_padded <= per_draft."""
-    num_rows, marginal = slots.num_rows, per_draft - per_padded
-    order = np.lexsort((slots.position, -slots.survival))  # best survival first; ties: earlier position first
-    survival, position, owner = slots.survival[order], slots.position[order], slots.owner[order]
+def choose_budget(survival: list[list[float]], fixed: float, per_draft: float, per_padded: float = 0.0) -> Budget:
+    """The allocation (module docstring); survival[r][k - 1] = S(r, k), non-increasing in k; fixed > 0 seconds,
+    0 <= per_padded <= per_draft."""
+    return _every_draft(survival, fixed, per_draft, per_padded) or _search(survival, fixed, per_draft, per_padded)
+
+
+def _every_draft(survival: list[list[float]], fixed: float, per_draft: float, per_padded: float) -> Budget | None:
+    """Every draft admitted, where that is the optimum by the module docstring's test; else None."""
+    num_rows, marginal = len(survival), per_draft - per_padded
+    lengths = [len(row) for row in survival]
+    depth, num_drafts = max(lengths, default=0), sum(lengths)
+    if not num_drafts:
+        return None
+    rate = (num_rows + sum(map(sum, survival))) / (fixed + per_padded * num_rows * depth + marginal * num_drafts)
+    threshold = rate * marginal
+    if min(row[-1] for row in survival if row) <= threshold:
+        return None
+    if per_padded:
+        surplus = [0.0] * depth  # per position: sum(S - threshold) of the drafts there
+        for row in survival:
+            for k, value in enumerate(row):
+                surplus[k] += value - threshold
+        level_cost, deeper = rate * per_padded * num_rows, 0.0
+        for k in range(depth - 1, -1, -1):
+            deeper += surplus[k]
+            if deeper <= level_cost * (depth - k):
+                return None
+    return Budget(lengths, rate, threshold, depth)
+
+
+def _search(survival: list[list[float]], fixed: float, per_draft: float, per_padded: float) -> Budget:
+    """The optimum over every L and D, as the module docstring says: one vectorised pass."""
+    num_rows, marginal = len(survival), per_draft - per_padded
+    flat = np.fromiter((value for row in survival for value in row), float)
+    position = np.fromiter((k for row in survival for k in range(len(row))), np.int64, len(flat))
+    owner = np.repeat(np.arange(num_rows), [len(row) for row in survival])
+    order = np.lexsort((position, -flat))  # best survival first; ties: earlier position first
+    flat, position, owner = flat[order], position[order], owner[order]
     depth = int(position.max()) + 1 if len(position) else 0
     widths = np.arange(1, depth + 1)[:, None] if per_padded else np.array([[depth]])  # L per row of the table
     is_in = position[None, :] < widths  # [num L, num_drafts]: the slots each L admits, in rank order
     counts = np.cumsum(is_in, axis=1)  # D after each admitted slot
-    rates = (num_rows + np.cumsum(survival * is_in, axis=1)) / (fixed + per_padded * num_rows * widths
-                                                                 + marginal * counts)
+    rates = (num_rows + np.cumsum(flat * is_in, axis=1)) / (fixed + per_padded * num_rows * widths
+                                                             + marginal * counts)
     rates[~is_in] = 0.0  # only an admitted slot ends an allocation
     best = int(np.argmax(rates)) if rates.size else 0  # row-major: the smallest L, then the smallest D among equals
     if not rates.size or rates.flat[best] <= num_rows / fixed:
@@ -66,4 +96,3 @@ def choose_budget(slots: Slots, fixed: float, per_draft: float, per_padded: floa
     lengths = np.bincount(owner[: column + 1][is_in[row, : column + 1]], minlength=num_rows).tolist()
     rate = float(rates[row, column])
     return Budget(lengths, rate, rate * marginal, int(widths[row, 0]))
-

@@ -40,7 +40,7 @@ import itertools
 
 import numpy as np
 
-from spec.adaptive.budget import Slots, choose_budget
+from spec.adaptive.budget import choose_budget
 from spec.adaptive.calibration import ConfidenceCalibrator
 from spec.adaptive.request_factors import RequestFactors
 from spec.adaptive.step_fit import Padding, StepFit, StepPrice
@@ -129,20 +129,18 @@ class AdaptivePolicy:
                 "raw_calibration_error": self.calibrator.calibration_error("raw"),
                 "num_calibration_observations": self.calibrator.num_observations}
 
-    def survival(self, req_ids: list[int], confidences: list[list[float]]) -> Slots:
-        """Every draft's S(r, k): the running product of its request's calibrated values up to it, each scaled by the
-        request's factor. Plain Python (spec/adaptive/request_factors.py says why)."""
+    def survival(self, req_ids: list[int], confidences: list[list[float]]) -> list[list[float]]:
+        """Every draft's S(r, k), per request: the running product of its calibrated values up to it, each scaled by
+        the request's factor. Plain Python (spec/adaptive/request_factors.py says why)."""
         rows, num_bins, last = self.calibrator.table_rows, self.calibrator.num_bins, self.calibrator.max_positions - 1
-        survival, position, owner = [], [], []
-        for row, (conf, factor) in enumerate(zip(confidences, self.factors.factors(req_ids, self._step))):
-            value = 1.0
+        survival = []
+        for conf, factor in zip(confidences, self.factors.factors(req_ids, self._step)):
+            value, values = 1.0, []
             for j, raw in enumerate(conf):
                 value *= rows[min(j, last)][min(max(int(raw * num_bins), 0), num_bins - 1)] * factor
-                survival.append(value)
-            position.extend(range(len(conf)))
-            owner.extend([row] * len(conf))
-        return Slots(np.array(survival), np.array(position, dtype=np.int64), np.array(owner, dtype=np.int64),
-                     len(confidences))
+                values.append(value)
+            survival.append(values)
+        return survival
 
     def _set_rate(self, step: StepInfo) -> None:
         """This step's rate and threshold (module docstring)."""

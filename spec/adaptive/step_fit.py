@@ -26,6 +26,12 @@ costs the fit's at its steps' mean rows plus c for each row more (or less), c he
 where the steps all had the same rows (a and c then apart only by the prior) the cost per row is that cost's share (a
 4-row fit had read -0.12 + 0.041 R). A size is used from _MIN_STEPS steps on; until then the nearest size that is.
 
+Optimism. b and w are read one standard error below their fit (a lower confidence bound). A size whose few or noisy
+steps fitted drafts dearer than they are would otherwise verify none there again, and so learn nothing more: on 64x8
+(one call an epoch, a dozen 512-row steps each) the 512-row fit had read 0.15 ms a draft where static K = 4's steps
+showed 0.10, and no later 512-row step, in any later epoch, verified the drafts that K = 4 had accepted 95% of the
+time. Once the steps pin b down, the bound is the fit.
+
 Stalls. Once a size is used, each of its steps counts at most as if it took _MAX_RATIO times what it could cost
 (every further token and padded slot as dear as a row) and at least 1/_MAX_RATIO of the prediction. Clipped to
 _MAX_RATIO times the prediction instead, the steps that showed drafts dear after the prior had priced them free were
@@ -46,6 +52,7 @@ _MIN_STEPS = 8  # a size's fit is used from its first solve after this many of i
 _SOLVE_EVERY = 4
 _RIDGE = 1e-12  # on every coefficient, so that a direction no observation has seen solves to ~0
 _MAX_RATIO = 1.5  # one step stalled by another process or a garbage collection must not undo what many showed
+_OPTIMISM = 1.0  # b and w are read this many standard errors below their fit (module docstring: Optimism)
 _PRIOR_WEIGHT = 0.01  # the prior's rows, scaled by this, count as 1e-4 of a step: they settle what the data leave
 # open and bend little of what they show (at 0.1, 16-31 rows with 0.5 ms of noise read c 33% low)
 
@@ -54,29 +61,43 @@ Padding = Callable[[int, int, int, int], int]  # (rows, tokens, widest row's tok
 
 class LeastSquares:
     """Exponentially weighted least squares y ~ x . theta, plus prior rows (x, y) that count one observation each.
-    Each observation folds into the moments in plain Python (a few features: numpy's per-call cost, 5-10 us between
-    forwards, would be most of it); theta is solved anew every _SOLVE_EVERY observations."""
+    Observations are kept as they come and folded into the moments every _SOLVE_EVERY of them, when theta and its
+    standard errors are solved anew (a fold and solve per step had cost most of the policy's time between forwards,
+    where each numpy call costs 5-10 us)."""
 
     def __init__(self, num_features: int, memory: float, prior: list[tuple[list[float], float]]):
         self.memory = memory
-        self.moments = [[0.0] * num_features for _ in range(num_features)]  # faded sum of x x^T
-        self.targets = [0.0] * num_features  # faded sum of x y
+        self.moments = np.zeros((num_features, num_features))  # faded sum of x x^T, as of the last fold
+        self.targets = np.zeros(num_features)  # faded sum of x y
+        self.squares = 0.0  # faded sum of y^2
         self.num_observations = 0
+        self._pending: list[tuple[list[float], float]] = []  # observations since the last fold
         prior_x = np.array([x for x, _ in prior], dtype=float)
         self._prior = (prior_x.T @ prior_x, prior_x.T @ np.array([y for _, y in prior], dtype=float))
         self.solution: list[float] = [0.0] * num_features  # theta as of the last solve
+        self.errors: list[float] = [0.0] * num_features  # theta's standard errors as of the last solve
 
     def add(self, x: list[float], y: float) -> bool:
         """One observation; True where it completed a batch and theta was solved anew."""
-        m = self.memory
-        for i, (row, xi) in enumerate(zip(self.moments, x)):
-            row[:] = [m * v + xi * xj for v, xj in zip(row, x)]
-            self.targets[i] = m * self.targets[i] + xi * y
+        self._pending.append((x, y))
         self.num_observations += 1
-        if self.num_observations % _SOLVE_EVERY:
+        if len(self._pending) < _SOLVE_EVERY:
             return False
-        moments = np.array(self.moments) + self._prior[0] + _RIDGE * np.eye(len(x))  # ~0 where nothing was seen
-        self.solution = np.linalg.solve(moments, np.array(self.targets) + self._prior[1]).tolist()
+        xs = np.array([x for x, _ in self._pending])
+        ys = np.array([y for _, y in self._pending])
+        fade = self.memory ** np.arange(len(ys) - 1, -1, -1)  # the latest counts whole
+        scale = self.memory ** len(ys)
+        self.moments = scale * self.moments + (xs * fade[:, None]).T @ xs
+        self.targets = scale * self.targets + xs.T @ (fade * ys)
+        self.squares = scale * self.squares + float(fade @ (ys * ys))
+        self._pending = []
+        inverse = np.linalg.inv(self.moments + self._prior[0] + _RIDGE * np.eye(len(x)))  # ~0 where nothing was seen
+        theta = inverse @ (self.targets + self._prior[1])
+        weight = self.moments[0, 0]  # the faded count of observations (x[0] = 1)
+        residual = (max(self.squares - 2 * theta @ self.targets + theta @ self.moments @ theta, 0.0)
+                    / max(weight - len(x), 1.0))
+        self.solution = theta.tolist()
+        self.errors = np.sqrt(np.maximum(np.diag(inverse) * residual, 0.0)).tolist()
         return True
 
 
@@ -158,8 +179,9 @@ class StepFit:
         """(a step's cost at the size's mean rows, those rows, the cost per row more, b, w), held as the module
         docstring says."""
         a, c, b, w = fit.solution
-        mean_rows = fit.moments[0][1] / fit.moments[0][0]
+        b, w = b - _OPTIMISM * fit.errors[2], w - _OPTIMISM * fit.errors[3]
+        mean_rows = float(fit.moments[0, 1] / fit.moments[0, 0])
         level = max(a + c * mean_rows, 1e-6)
-        spread = fit.moments[1][1] / fit.moments[0][0] - mean_rows ** 2  # the steps' variance in rows
+        spread = fit.moments[1, 1] / fit.moments[0, 0] - mean_rows ** 2  # the steps' variance in rows
         per_row = min(max(c, 0.0), level / mean_rows) if spread >= 1.0 else level / mean_rows
         return float(level), float(mean_rows), float(per_row), max(b, 0.0), max(w, 0.0)
