@@ -44,23 +44,31 @@ class Budget:
     width: int  # L: the most drafts a request may verify at the optimum
 
 
-def choose_budget(survival: list[list[float]], fixed: float, per_draft: float, per_padded: float = 0.0) -> Budget:
+def choose_budget(survival: list[list[float]], fixed: float, per_draft: float, per_padded: float = 0.0,
+                  margin: float = 0.0) -> Budget:
     """The allocation (module docstring); survival[r][k - 1] = S(r, k), non-increasing in k; fixed > 0 seconds,
-    0 <= per_padded <= per_draft."""
-    return _every_draft(survival, fixed, per_draft, per_padded) or _search(survival, fixed, per_draft, per_padded)
+    0 <= per_padded <= per_draft. margin > 0: every draft, wherever that allocation's rate is within this share of
+    the optimum's."""
+    full, is_optimal = _every_draft(survival, fixed, per_draft, per_padded)
+    if is_optimal:
+        return full
+    best = _search(survival, fixed, per_draft, per_padded)
+    return full if full is not None and full.rate >= (1.0 - margin) * best.rate else best
 
 
-def _every_draft(survival: list[list[float]], fixed: float, per_draft: float, per_padded: float) -> Budget | None:
-    """Every draft admitted, where that is the optimum by the module docstring's test; else None."""
+def _every_draft(survival: list[list[float]], fixed: float, per_draft: float,
+                 per_padded: float) -> tuple[Budget | None, bool]:
+    """Every draft admitted (None without drafts), and whether that is the optimum by the module docstring's test."""
     num_rows, marginal = len(survival), per_draft - per_padded
     lengths = [len(row) for row in survival]
     depth, num_drafts = max(lengths, default=0), sum(lengths)
     if not num_drafts:
-        return None
+        return None, False
     rate = (num_rows + sum(map(sum, survival))) / (fixed + per_padded * num_rows * depth + marginal * num_drafts)
     threshold = rate * marginal
+    full = Budget(lengths, rate, threshold, depth)
     if min(row[-1] for row in survival if row) <= threshold:
-        return None
+        return full, False
     if per_padded:
         surplus = [0.0] * depth  # per position: sum(S - threshold) of the drafts there
         for row in survival:
@@ -70,8 +78,8 @@ def _every_draft(survival: list[list[float]], fixed: float, per_draft: float, pe
         for k in range(depth - 1, -1, -1):
             deeper += surplus[k]
             if deeper <= level_cost * (depth - k):
-                return None
-    return Budget(lengths, rate, threshold, depth)
+                return full, False
+    return full, True
 
 
 def _search(survival: list[list[float]], fixed: float, per_draft: float, per_padded: float) -> Budget:

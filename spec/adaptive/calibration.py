@@ -38,7 +38,9 @@ class ConfidenceCalibrator:
         self.num_accepted = np.zeros((max_positions, num_bins))
         self.num_judged = np.zeros((max_positions, num_bins))
         self.table = np.tile(self.centres, (max_positions, 1))  # [max_positions, num_bins]: a(j, bin)
-        self.table_rows = self.table.tolist()  # the same, for the policy's per-draft lookups in plain Python
+        # the same as lists for the policy's per-draft lookups in plain Python, each with its last bin once more (a
+        # confidence of exactly 1 lands there without a clamp)
+        self.table_rows = [row + row[-1:] for row in self.table.tolist()]
         # Acceptance rate per position, whatever the confidence: the first from a prior of 1/2, each later one from
         # the rate before it (positions drafted rarely would otherwise sit near 1/2 and never be drafted to learn
         # better: a good drafter's deep drafts are accepted as often as its early ones, or more)
@@ -96,7 +98,7 @@ class ConfidenceCalibrator:
         weight = self.num_judged[row] + self.prior_weight
         estimate = (self.num_accepted[row] + self.prior_weight * self.centres) / weight
         self.table[row] = isotonic(estimate, weight)
-        self.table_rows[row] = self.table[row].tolist()
+        self.table_rows[row] = self.table[row].tolist() + [float(self.table[row, -1])]
 
     def _refit_rates(self, first: int) -> None:
         """The rates from position `first` on: each refitted one, and the later ones whose prior it is."""

@@ -49,6 +49,7 @@ from spec.proposers.base import Proposal
 
 _EXPLORE_STEPS = 32  # at most one step in 33 at a batch size verifies first drafts that the policy wrote off
 _UNFITTED_DEPTHS = 4  # verified depths stepped through before any fit: K, K - 1, K - 2, K - 3
+_CUT_MARGIN = 0.03  # every draft is verified where that is within this share of the best allocation's rate
 _JUDGE_STEPS = 4  # steps whose outcomes reach the calibrator and the request factors at once
 _OBSERVE_BATCH = 64  # judged drafts handed to the calibrator at once (or 1/16 of those it has, if more): an update
 # costs a few hundred microseconds whatever its size, and the map moves little in that many
@@ -102,7 +103,8 @@ class AdaptivePolicy:
         uncached = step.num_uncached
         fixed = draft_seconds + price.cost(sum(uncached), max(uncached), sum(u > 1 for u in uncached))
         per_padded = price.per_padded if step.is_decoding else 0.0  # prompts set a prefilling step's width
-        budget = choose_budget(self.survival(step.req_ids, proposal.confidence), fixed, price.per_token, per_padded)
+        budget = choose_budget(self.survival(step.req_ids, proposal.confidence), fixed, price.per_token, per_padded,
+                               _CUT_MARGIN)
         if step.is_decoding:  # a step that prefills prompts runs at a one-off rate, not the rollout's
             self.rate, self.threshold = budget.rate, budget.threshold
             self._allocations[step.num_reqs.bit_length()] = (budget.rate, budget.threshold, budget.width)
@@ -132,12 +134,14 @@ class AdaptivePolicy:
     def survival(self, req_ids: list[int], confidences: list[list[float]]) -> list[list[float]]:
         """Every draft's S(r, k), per request: the running product of its calibrated values up to it, each scaled by
         the request's factor. Plain Python (spec/adaptive/request_factors.py says why)."""
-        rows, num_bins, last = self.calibrator.table_rows, self.calibrator.num_bins, self.calibrator.max_positions - 1
+        table, num_bins = self.calibrator.table_rows, self.calibrator.num_bins
+        longest = max(map(len, confidences), default=0)
+        rows = table + table[-1:] * (longest - len(table))  # positions past the calibrator's last pool with it
         survival = []
         for conf, factor in zip(confidences, self.factors.factors(req_ids, self._step)):
             value, values = 1.0, []
-            for j, raw in enumerate(conf):
-                value *= rows[min(j, last)][min(max(int(raw * num_bins), 0), num_bins - 1)] * factor
+            for row, raw in zip(rows, conf):  # raw confidences lie in [0, 1]
+                value *= row[int(raw * num_bins)] * factor
                 values.append(value)
             survival.append(values)
         return survival
