@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# The GPU checks, in one run on a CUDA machine: the CUDA tests, then the GRPO-step benchmark's embedded arms in
-# bfloat16 against TRL's own generation (HF generate), with every embedded arm's greedy completions checked token for
-# token against HF generate's, then the multi-epoch benchmark's embedded arms in bfloat16 at 64x8 (target forwards
-# per step and tokens/s per epoch, history at static K, with adaptive verification under K = 8 and under the history
-# drafter's tuned schedule; every arm's samples checked against no speculation's); where vLLM's CUDA build is
-# installed, the project's drafters inside vLLM (tests/test_vllm_proposer.py: greedy equality through the custom_class
-# proposer on 32 prompts) and the multi-epoch benchmark's vLLM arms at 64x8; then the same on vLLM 0.34, in a venv of
-# its own, where the drafters run as the registered Model Runner V2 speculator, against vLLM 0.34's own GPU suffix
-# decoding with and without its adaptive verification; with 2 GPUs, the history shared by 2 trainer processes
-# (examples/bench_sharing.py). Results (JSON, plots, logs) go to $OUT (default:
-# examples/results/cuda).
+# The GPU checks, in one run on a CUDA machine: the CUDA tests, then the GRPO-step benchmark's embedded arms in bfloat16
+# against TRL's own generation (HF generate), with every embedded arm's greedy completions checked token for token
+# against HF generate's, then the multi-epoch benchmark's embedded arms in bfloat16 at 64x8 (target forwards per step
+# and tokens/s per epoch, history at static K, with adaptive verification under K = 8, under the history drafter's tuned
+# schedule and under K = 4 (the default); every arm's samples checked against no speculation's); where vLLM's CUDA build
+# is installed, the project's drafters inside vLLM (tests/test_vllm_proposer.py: greedy equality through the
+# custom_class proposer on 32 prompts) and the multi-epoch benchmark's vLLM arms at 64x8; then the same on vLLM 0.34, in
+# a venv of its own, where the drafters run as the registered Model Runner V2 speculator, against vLLM 0.34's own GPU
+# suffix decoding with and without its adaptive verification; with 2 GPUs, the history shared by 2 trainer processes
+# (examples/bench_sharing.py). Results (JSON, plots, logs) go to $OUT (default: examples/results/cuda).
 #
 #   examples/device_check.sh [WHEELS_DIR]     # WHEELS_DIR: wheels to install first (trl, datasets, ... where missing)
 #   VLLM034=0 examples/device_check.sh        # without the vLLM 0.34 section
@@ -44,7 +43,7 @@ $PYTHON examples/bench_rollout.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-b
 
 $PYTHON examples/bench_epochs.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --threads 4 \
     --shapes "${EPOCH_SHAPES:-64x8}" --epochs "${EPOCHS:-3}" --max-completion-length "${MAX_TOKENS:-320}" \
-    --arms "${EPOCH_ARMS:-no_spec,draft_schedule,suffix,history_k4,history_k8,history_adaptive,history_schedule_adaptive}" \
+    --arms "${EPOCH_ARMS:-no_spec,draft_schedule,suffix,history_k4,history_k8,history_adaptive,history_schedule_adaptive,default}" \
     --lr-warmup-steps 0 \
     --output-dir "$OUT" 2>&1 | tail -30 | tee "$OUT/bench_epochs.txt"
 
@@ -65,7 +64,7 @@ if $PYTHON -c "import vllm" 2>/dev/null; then
   mkdir -p "$OUT/vllm"
   $PYTHON examples/bench_epochs.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --threads 4 \
       --shapes "${EPOCH_SHAPES:-64x8}" --epochs "${EPOCHS:-3}" --max-completion-length "${MAX_TOKENS:-320}" \
-      --arms "no_spec,vllm_no_spec,vllm_suffix,vllm_history,vllm_adaptive,vllm_schedule_adaptive" --vllm-python "$PYTHON" \
+      --arms "no_spec,vllm_no_spec,vllm_suffix,vllm_history,vllm_default,vllm_schedule_adaptive" --vllm-python "$PYTHON" \
       --lr-warmup-steps 0 --output-dir "$OUT/vllm" 2>&1 | tail -30 | tee "$OUT/bench_epochs_vllm.txt"
 else
   echo "vLLM cannot be imported here: its CUDA checks are skipped" | tee "$OUT/vllm.txt"
@@ -89,7 +88,7 @@ if [ "${VLLM034:-1}" = 1 ]; then
       | tail -15 | tee "$OUT/vllm034/test_vllm_proposer.txt"
   $PYTHON examples/bench_epochs.py --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --threads 4 \
       --shapes "${EPOCH_SHAPES:-64x8}" --epochs "${EPOCHS:-3}" --max-completion-length "${MAX_TOKENS:-320}" \
-      --arms "no_spec,vllm_no_spec,vllm_suffix,vllm_suffix_adaptive,vllm_history,vllm_adaptive,vllm_schedule_adaptive" \
+      --arms "no_spec,vllm_no_spec,vllm_suffix,vllm_suffix_adaptive,vllm_history,vllm_default,vllm_schedule_adaptive" \
       --vllm-python "$V034/bin/python" --lr-warmup-steps 0 --output-dir "$OUT/vllm034" 2>&1 | tail -30 \
       | tee "$OUT/vllm034/bench_epochs_vllm.txt"
 fi
