@@ -23,20 +23,34 @@ What Model Runner V2 hands a speculator, and what this one does with it, per ste
   included, so vLLM's budget admits the policy's choice (docs/vllm_proposer.md says where it can differ);
 - `on_requests_finished` (before the slots are freed) finishes those requests: their outputs go to the history;
 - `reset_state` (after vLLM's warm-up requests) forgets what the warm-up taught the drafter.
+
+vLLM's base class is imported only when vLLM asks this module for `RolloutSpeculator` (by the name
+speculator_config.py gives it): the class is built then, from `_Speculator`'s methods and vLLM's BaseSpeculator, so
+the module imports without vLLM.
 """
 
 import time
 from typing import Iterable
 
 import torch
-from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
 from rollout.vllm_backend.drafting import RolloutDrafting, Row
 
 SOURCE = "rollout.vllm_backend.speculator.RolloutSpeculator"
 
 
-class RolloutSpeculator(BaseSpeculator):
+def __getattr__(name: str):
+    """`RolloutSpeculator`: _Speculator on vLLM's BaseSpeculator, built and kept at the first request for it."""
+    if name != "RolloutSpeculator":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
+    speculator = type(name, (_Speculator, BaseSpeculator), {"__module__": __name__, "__qualname__": name,
+                                                            "__doc__": _Speculator.__doc__})
+    globals()[name] = speculator
+    return speculator
+
+
+class _Speculator:
     """Built by vLLM's init_speculator with its VllmConfig, the device and the runner's request state."""
 
     def __init__(self, vllm_config, device: torch.device, req_states):

@@ -5,11 +5,19 @@ so, as vLLM asks of its config modules, it names the speculator (speculator.py) 
 Everything else is the base class's: no draft model (the target's config serves as the draft config), the token
 history left where vLLM keeps it by default (the speculator reads each step's new tokens from it), no hidden states.
 The confidences this speculator gives vLLM's adaptive verification are the project's policy's choice, not derived from
-draft logits."""
+draft logits.
 
-from vllm.v1.worker.gpu.spec_decode.speculator_config import SpeculatorConfig
+vLLM's SpeculatorConfig is imported only when vLLM resolves `RolloutSpeculatorConfig` (the class is built then), so
+the module imports without vLLM."""
 
 
-class RolloutSpeculatorConfig(SpeculatorConfig):
-    speculator_class = "rollout.vllm_backend.speculator.RolloutSpeculator"
-    adaptive_verification_uses_draft_logits = False
+def __getattr__(name: str):
+    """`RolloutSpeculatorConfig`, built and kept at the first request for it."""
+    if name != "RolloutSpeculatorConfig":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from vllm.v1.worker.gpu.spec_decode.speculator_config import SpeculatorConfig
+    config = type(name, (SpeculatorConfig,), {"__module__": __name__, "__qualname__": name,
+                                              "speculator_class": "rollout.vllm_backend.speculator.RolloutSpeculator",
+                                              "adaptive_verification_uses_draft_logits": False})
+    globals()[name] = config
+    return config
