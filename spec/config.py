@@ -1,7 +1,7 @@
 """`SpecConfig`: the speculative config, built from the same JSON a user passes to vLLM's `--speculative-config`.
 
 Key names follow vLLM where the concept is the same, so one dict drives the embedded engine and vLLM. Each key's check
-and the engines that honour it are defined once, in spec/config_keys.py (the README's config table).
+and the engines that honour it are defined once, in spec/config_keys.py (docs/config.md's table).
 """
 
 import dataclasses
@@ -53,7 +53,7 @@ class SpecConfig:
 
     Every field is checked on construction by its key's check (spec/config_keys.py): type (bools are true/false,
     counts are ints) and range, a ValueError naming the field, the value and the fix. Which engines honour each key:
-    spec/config_keys.py and the README's table; an engine refuses a key it does not honour (check_engine).
+    spec/config_keys.py and docs/config.md's table; an engine refuses a key it does not honour (check_engine).
     """
 
     method: str

@@ -1,6 +1,6 @@
 """Every key of the speculative config (SpecConfig, spec/config.py), defined once: its check (the one place its value
 is validated: SpecConfig and the drafters that take it as an argument call check_keys) and the engines that honour
-it. The README's config table is KEYS written out; tests/test_config_keys.py holds the two equal.
+it. docs/config.md's table is KEYS written out; tests/test_config_keys.py holds the two equal.
 
 Engines:
 - EMBEDDED: this package's engine (SpecConfig.check_embedded);

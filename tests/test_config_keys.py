@@ -1,4 +1,4 @@
-"""Every speculative-config key (spec/config_keys.py): the README's table says which engines honour it and the code
+"""Every speculative-config key (spec/config_keys.py): docs/config.md's table says which engines honour it and the code
 declares the same; each engine takes the keys it honours (vLLM's own drafters get them passed) and refuses the others
 when set; and every key the table lists has a bad value that is refused with a ValueError naming the key, the empty
 schedule included, by the one check the config and the drafters share."""
@@ -19,8 +19,8 @@ COLUMNS = {"embedded": EMBEDDED, "vLLM, own drafters": VLLM, "vLLM, `history` / 
 
 
 def _readme_table() -> list[tuple[str, frozenset]]:
-    """(key, the engines marked yes) per row of the README's config table, in order."""
-    lines = (ROOT / "README.md").read_text().splitlines()
+    """(key, the engines marked yes) per row of docs/config.md's table, in order."""
+    lines = (ROOT / "docs" / "config.md").read_text().splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| key |"))
     columns = [cell.strip() for cell in lines[header].strip("|").split("|")]
     assert columns[0] == "key" and columns[4] == "meaning" and set(columns[1:4]) == set(COLUMNS), columns
