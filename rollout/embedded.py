@@ -157,7 +157,7 @@ class EmbeddedBackend:
     def _requests(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams,
                   seed: int) -> list[Request]:
         num_spec_tokens = self.config.num_speculative_tokens if self.config else 0
-        stop_ids = frozenset((set() if params.ignore_eos else self.eos_token_ids) | set(params.stop_token_ids or ()))
+        stop_ids = frozenset(params.stop_ids(self.eos_token_ids))
         requests = []
         for i, ids in enumerate(prompt_ids):
             group_id = next(self._ids)

@@ -51,6 +51,10 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos={self.ignore_eos!r}: must be True or False")
 
+    def stop_ids(self, eos_token_ids) -> set[int]:
+        """The token ids that end a completion: the model's EOS ids (unless ignore_eos) and stop_token_ids."""
+        return (set() if self.ignore_eos else set(eos_token_ids)) | set(self.stop_token_ids or ())
+
 
 def mix_seed(*parts: int) -> int:
     """One 63-bit seed from integers, order-sensitive: ((parts[0] x M + parts[1]) x M + ...) mod 2^63. Every

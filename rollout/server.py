@@ -32,7 +32,6 @@ weights it last loaded again before the next call, and repeats a call during whi
 
 import os
 import tempfile
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -182,7 +181,7 @@ class Server:
         return answer.get("results") if isinstance(answer, dict) else None
 
     def _body(self, prompt: list[int], params: SamplingParams, seed: int) -> dict:
-        stop_ids = sorted((set() if params.ignore_eos else self.eos_token_ids) | set(params.stop_token_ids or ()))
+        stop_ids = sorted(params.stop_ids(self.eos_token_ids))
         return {"model": self.served_model_name, "prompt": list(prompt), "max_tokens": params.max_tokens,
                 "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k, "seed": seed,
                 "ignore_eos": params.ignore_eos,

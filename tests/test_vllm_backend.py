@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 from conftest import chi2_critical
-from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, LlamaForCausalLM
 
 from vllm_testing import hf_logprobs, require_vllm, save_tiny_llama, tiny_default_vocab
 

@@ -179,18 +179,17 @@ class VLLMBackend(VLLMCommon):
 
     def _sampling_params(self, params, seed: int):
         import vllm
-        stop_ids = set(self.eos_token_ids)
         if isinstance(params, SamplingParams):
-            stop_ids = (set() if params.ignore_eos else stop_ids) | set(params.stop_token_ids or ())
             return vllm.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                                       max_tokens=params.max_tokens, stop_token_ids=sorted(stop_ids),
+                                       max_tokens=params.max_tokens,
+                                       stop_token_ids=sorted(params.stop_ids(self.eos_token_ids)),
                                        ignore_eos=params.ignore_eos, seed=seed, logprobs=0, detokenize=False)
         if isinstance(params, vllm.SamplingParams):
             self._check_vllm_sampling(params)
             import msgspec
             fields = {k: v for k, v in msgspec.structs.asdict(params).items() if not k.startswith("_")}
-            fields.update(stop_token_ids=sorted(stop_ids | set(params.stop_token_ids or ())), seed=seed, logprobs=0,
-                          detokenize=False)
+            stop_ids = set(self.eos_token_ids) | set(params.stop_token_ids or ())
+            fields.update(stop_token_ids=sorted(stop_ids), seed=seed, logprobs=0, detokenize=False)
             return vllm.SamplingParams(**fields)
         raise ValueError(f"sampling_params={params!r}: expected rollout.SamplingParams (or vllm.SamplingParams "
                          "on the vLLM backend)")
