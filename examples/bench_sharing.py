@@ -2,7 +2,7 @@
 several epochs, one arm per engine layout, side by side in one run; per epoch, the mean acceptance length and the
 rollout's tokens/s (from the trainer's logs).
 
-    python examples/bench_sharing.py [--arms a,b,...] [--epochs 3] [--num-problems 16] [--prompts-per-step 4]
+    python examples/bench_sharing.py [--arms a,b,...] [--seeds 0,1,...] [--epochs 3] [--num-problems 16]
 
 Arms (`ARMS`, one line each; `--arms` picks): the embedded engine on 1 process, and on 2 (`accelerate launch`, CPU)
 with the history shared (the default) and not shared (`*_own`), with the default config (`default`) and static
@@ -11,6 +11,11 @@ vLLM's own suffix decoding (each process its engine, its own suffix cache) and w
 and 2 trainer processes on `rollout serve` servers (`server1_*`: one server, `server2_*`: two, prompts routed by
 hash), started here with a key and stopped after their arm (a fresh history each). Every arm trains from the
 shipped target with the same seed; the no-speculation arms give the tokens/s the others are read against.
+
+Each arm's policy follows its own samples (vLLM's draws differ with the drafts), and an epoch's rollout time is set by
+its longest completions, so one run's tokens/s moves by 10-15% from seed to seed: `--seeds` runs every arm once per
+seed (seeds outermost, so that each seed's arms run side by side) and reports each epoch's figures as the mean over
+the seeds, each seed's beside them.
 
 Writes bench_sharing.json (every arm's per-epoch figures and the ratios the README quotes) and bench_sharing.png to
 --output-dir, and prints a table. On the 2-core CPU here a run takes about 45 minutes.
@@ -55,6 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--seeds", default="0", help="comma-separated; every arm runs once per seed")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--num-problems", type=int, default=16)
     p.add_argument("--prompts-per-step", type=int, default=4)
@@ -68,7 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_arm(name: str, args, work: Path) -> dict:
+def run_arm(name: str, args, work: Path, seed: int = 0) -> dict:
     backend, num_processes, config, shared, num_servers = ARMS[name]
     python = sys.executable if backend == "embedded" else args.vllm_python
     command = [*launcher(python, num_processes), str(ROOT / "examples" / "grpo_arithmetic.py"),
@@ -76,7 +82,7 @@ def run_arm(name: str, args, work: Path) -> dict:
                "--prompts-per-step", str(args.prompts_per_step), "--num-generations", str(args.num_generations),
                "--max-steps", str(args.epochs * args.num_problems // args.prompts_per_step),
                "--max-completion-length", str(args.max_completion_length), "--num-eval-problems", "0",
-               "--num-held-out", "0", "--output-dir", str(work / name)]
+               "--num-held-out", "0", "--seed", str(seed), "--output-dir", str(work / name)]
     command += [] if config is None or backend == "server" else ["--speculative-config", config]
     command += [] if shared else ["--no-share-history"]
     key = secrets.token_urlsafe(16)
@@ -143,6 +149,19 @@ def summarise(run: dict, args, wall: float) -> dict:
     return {"epochs": epochs, "wall_s": wall}
 
 
+def combine(runs: dict[int, dict]) -> dict:
+    """An arm over its seeds: each epoch's figures the mean over the seeds (None where no seed has one), each seed's
+    run kept under "seeds"."""
+    epochs = []
+    for per_seed in zip(*(run["epochs"] for run in runs.values())):
+        fields = {}
+        for field in per_seed[0]:
+            values = [e[field] for e in per_seed if e[field] is not None]
+            fields[field] = sum(values) / len(values) if values else None
+        epochs.append(fields)
+    return {"epochs": epochs, "wall_s": sum(run["wall_s"] for run in runs.values()), "seeds": runs}
+
+
 def _mean(logs: list[dict], key: str) -> float | None:
     values = [e[key] for e in logs if key in e]
     return sum(values) / len(values) if values else None
@@ -150,21 +169,29 @@ def _mean(logs: list[dict], key: str) -> float | None:
 
 def ratios(results: dict) -> dict:
     """The figures the README quotes: epochs 2-3 mean acceptance length of each 2-process (or server) arm over its
-    1-process (or 1-server) arm, and vLLM's default over vLLM's suffix decoding, each over vLLM without speculation."""
-    def late(arm, field):
-        epochs = results[arm]["epochs"][1:]
-        return sum(e[field] for e in epochs) / len(epochs)
+    1-process (or 1-server) arm, and vLLM's default over vLLM's suffix decoding, each over vLLM without speculation
+    (over the seeds' means, and per seed)."""
     pairs = {f"{p}_2p / {p}_1p": (f"{p}_2p", f"{p}_1p") for p in ("default", "hist8", "vllm_default", "vllm_hist8")}
     pairs["server2 / server1"] = ("server2_default_2p", "server1_default_2p")
-    out = {f"mean_acceptance_length {label}": late(a, "mean_acceptance_length") / late(b, "mean_acceptance_length")
-           for label, (a, b) in pairs.items() if a in results and b in results}
-    if {"vllm_default_2p", "vllm_suffix_2p", "vllm_no_spec_2p"} <= set(results):
-        speedup = {a: late(a, "tokens_per_s") / late("vllm_no_spec_2p", "tokens_per_s")
-                   for a in ("vllm_default_2p", "vllm_suffix_2p")}
+    out = {f"mean_acceptance_length {label}": _late(results[a], "mean_acceptance_length")
+           / _late(results[b], "mean_acceptance_length") for label, (a, b) in pairs.items()
+           if a in results and b in results}
+    bar = ("vllm_default_2p", "vllm_suffix_2p", "vllm_no_spec_2p")
+    if set(bar) <= set(results):
+        default, suffix, plain = (results[a] for a in bar)
+        speedup = {a: _late(results[a], "tokens_per_s") / _late(plain, "tokens_per_s") for a in bar[:2]}
         out.update({f"tokens_per_s {a} / vllm_no_spec_2p": v for a, v in speedup.items()})
-        out["vllm_default_2p / vllm_suffix_2p (each over no spec)"] = speedup["vllm_default_2p"] / speedup[
-            "vllm_suffix_2p"]
+        out["vllm_default_2p / vllm_suffix_2p (each over no spec)"] = speedup[bar[0]] / speedup[bar[1]]
+        out["vllm_default_2p / vllm_suffix_2p, per seed"] = {
+            seed: _late(default["seeds"][seed], "tokens_per_s") / _late(suffix["seeds"][seed], "tokens_per_s")
+            for seed in default["seeds"] if seed in suffix["seeds"]}
     return out
+
+
+def _late(result: dict, field: str) -> float:
+    """The field's mean over epochs 2 on."""
+    epochs = result["epochs"][1:]
+    return sum(e[field] for e in epochs) / len(epochs)
 
 
 def table(results: dict) -> str:
@@ -201,12 +228,16 @@ def main(argv=None) -> dict:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench_sharing_"))
-    results = {}
-    for name in names:
-        print(f"running {name} (logs: {work})", flush=True)
-        results[name] = run_arm(name, args, work)
-        print(f"  {name}: " + "  ".join(f"{e['mean_acceptance_length']:.2f}" for e in results[name]["epochs"]),
-              flush=True)
+    seeds = [int(seed) for seed in args.seeds.split(",") if seed]
+    runs = {name: {} for name in names}
+    for seed in seeds:
+        (work / f"seed{seed}").mkdir()
+        for name in names:
+            print(f"running {name}, seed {seed} (logs: {work})", flush=True)
+            runs[name][seed] = run_arm(name, args, work / f"seed{seed}", seed)
+            print(f"  {name}: " + "  ".join(f"{e['mean_acceptance_length']:.2f}"
+                                         for e in runs[name][seed]["epochs"]), flush=True)
+    results = {name: combine(runs[name]) for name in names}
     out = {"settings": vars(args), "arms": {n: ARMS[n] for n in names}, "results": results, "ratios": ratios(results)}
     (output_dir / "bench_sharing.json").write_text(json.dumps(out, indent=1))
     plot(results, output_dir / "bench_sharing.png")

@@ -100,10 +100,13 @@ SHARING = ["examples/bench_sharing.py", "--epochs", "2", "--num-problems", "4", 
 
 
 def test_bench_sharing(tmp_path):
-    run([sys.executable, *SHARING, "--arms", "hist8_1p,hist8_2p", "--output-dir", tmp_path])
+    run([sys.executable, *SHARING, "--arms", "hist8_1p,hist8_2p", "--seeds", "0,1", "--output-dir", tmp_path])
     results = json.loads((tmp_path / "bench_sharing.json").read_text())
     assert [len(results["results"][a]["epochs"]) for a in ("hist8_1p", "hist8_2p")] == [2, 2]
     assert "mean_acceptance_length hist8_2p / hist8_1p" in results["ratios"] and (tmp_path / "bench_sharing.png").exists()
+    one = results["results"]["hist8_1p"]  # each epoch's figures: the mean over the seeds' runs
+    per_seed = [one["seeds"][seed]["epochs"][0]["tokens_per_s"] for seed in ("0", "1")]
+    assert one["epochs"][0]["tokens_per_s"] == pytest.approx(sum(per_seed) / 2)
 
 
 @require_vllm
