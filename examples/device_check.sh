@@ -8,7 +8,8 @@
 # custom_class proposer on 32 prompts) and the multi-epoch benchmark's vLLM arms at 64x8; then the same on vLLM 0.34, in
 # a venv of its own, where the drafters run as the registered Model Runner V2 speculator, against vLLM 0.34's own GPU
 # suffix decoding with and without its adaptive verification; with 2 GPUs, the history shared by 2 trainer processes
-# (examples/bench_sharing.py). Results (JSON, plots, logs) go to $OUT (default: examples/results/cuda).
+# (examples/bench_sharing.py over the seeds SHARING_SEEDS, default 0,1,2). Results (JSON, plots, logs) go to $OUT
+# (default: examples/results/cuda).
 #
 #   examples/device_check.sh [WHEELS_DIR]     # WHEELS_DIR: wheels to install first (trl, datasets, ... where missing)
 #   VLLM034=0 examples/device_check.sh        # without the vLLM 0.34 section
@@ -54,7 +55,7 @@ if [ "$($PYTHON -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; t
     SHARING_ARMS=$SHARING_ARMS,vllm_default_1p,vllm_default_2p,vllm_default_2p_own,vllm_suffix_2p,vllm_no_spec_2p
   fi
   $PYTHON examples/bench_sharing.py --device cuda --arms "${SHARING:-$SHARING_ARMS}" --vllm-python "$PYTHON" \
-      --output-dir "$OUT/sharing" 2>&1 | tail -30 | tee "$OUT/bench_sharing.txt"
+      --seeds "${SHARING_SEEDS:-0,1,2}" --output-dir "$OUT/sharing" 2>&1 | tail -30 | tee "$OUT/bench_sharing.txt"
 else
   echo "fewer than 2 GPUs: the 2-process history-sharing run is skipped" | tee "$OUT/sharing.txt"
 fi
