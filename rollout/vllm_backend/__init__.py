@@ -9,9 +9,9 @@ and only lazily: importing it (or `rollout`) does not import vllm; building an e
     drafting.py      the project's drafters inside vLLM's workers, whichever runner calls them
     proposer.py      ... called by vLLM 0.32-0.33's V1 runner (its custom_class hook)
     speculator.py    ... called by vLLM 0.34+'s Model Runner V2 (a registered speculator; speculator_config.py)
+    lazy_class.py    those two modules' classes on vLLM's bases, built when vLLM asks for them
     sampler_fix.py   the CPU build's sampler-kernel fix
     worker.py        the worker extension vLLM loads in its workers: the fix, draft-weight reloads, the drafter's RPCs
-    step_times.py    vLLM's step time per batch size and K, for `rollout tune --backend vllm`
     serve.py         `python -m rollout serve`: vLLM's OpenAI server with those settings
     guard.py         the server's gate (vLLM --middleware): the key on every route, the client's RPCs only
 """

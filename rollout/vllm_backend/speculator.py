@@ -35,19 +35,16 @@ from typing import Iterable
 import torch
 
 from rollout.vllm_backend.drafting import RolloutDrafting, Row
+from rollout.vllm_backend.lazy_class import build_on_vllm
 
 SOURCE = "rollout.vllm_backend.speculator.RolloutSpeculator"
 
 
 def __getattr__(name: str):
     """`RolloutSpeculator`: _Speculator on vLLM's BaseSpeculator, built and kept at the first request for it."""
-    if name != "RolloutSpeculator":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
-    speculator = type(name, (_Speculator, BaseSpeculator), {"__module__": __name__, "__qualname__": name,
-                                                            "__doc__": _Speculator.__doc__})
-    globals()[name] = speculator
-    return speculator
+    return build_on_vllm(globals(), name, "RolloutSpeculator",
+                         "vllm.v1.worker.gpu.spec_decode.speculator.BaseSpeculator", (_Speculator,),
+                         {"__doc__": _Speculator.__doc__})
 
 
 class _Speculator:

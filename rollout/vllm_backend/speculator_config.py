@@ -10,14 +10,12 @@ draft logits.
 vLLM's SpeculatorConfig is imported only when vLLM resolves `RolloutSpeculatorConfig` (the class is built then), so
 the module imports without vLLM."""
 
+from rollout.vllm_backend.lazy_class import build_on_vllm
+
 
 def __getattr__(name: str):
     """`RolloutSpeculatorConfig`, built and kept at the first request for it."""
-    if name != "RolloutSpeculatorConfig":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from vllm.v1.worker.gpu.spec_decode.speculator_config import SpeculatorConfig
-    config = type(name, (SpeculatorConfig,), {"__module__": __name__, "__qualname__": name,
-                                              "speculator_class": "rollout.vllm_backend.speculator.RolloutSpeculator",
-                                              "adaptive_verification_uses_draft_logits": False})
-    globals()[name] = config
-    return config
+    return build_on_vllm(globals(), name, "RolloutSpeculatorConfig",
+                         "vllm.v1.worker.gpu.spec_decode.speculator_config.SpeculatorConfig",
+                         attrs={"speculator_class": "rollout.vllm_backend.speculator.RolloutSpeculator",
+                                "adaptive_verification_uses_draft_logits": False})
