@@ -38,9 +38,7 @@ class ConfidenceCalibrator:
         self.num_accepted = np.zeros((max_positions, num_bins))
         self.num_judged = np.zeros((max_positions, num_bins))
         self.table = np.tile(self.centres, (max_positions, 1))  # [max_positions, num_bins]: a(j, bin)
-        # the same as lists for the policy's per-draft lookups in plain Python, each with its last bin once more (a
-        # confidence of exactly 1 lands there without a clamp)
-        self.table_rows = [row + row[-1:] for row in self.table.tolist()]
+        self.table_rows = [_lookup_row(row) for row in self.table]  # the same, for the policy's lookups
         # Acceptance rate per position, whatever the confidence: the first from a prior of 1/2, each later one from
         # the rate before it (positions drafted rarely would otherwise sit near 1/2 and never be drafted to learn
         # better: a good drafter's deep drafts are accepted as often as its early ones, or more)
@@ -98,7 +96,7 @@ class ConfidenceCalibrator:
         weight = self.num_judged[row] + self.prior_weight
         estimate = (self.num_accepted[row] + self.prior_weight * self.centres) / weight
         self.table[row] = isotonic(estimate, weight)
-        self.table_rows[row] = self.table[row].tolist() + [float(self.table[row, -1])]
+        self.table_rows[row] = _lookup_row(self.table[row])
 
     def _refit_rates(self, first: int) -> None:
         """The rates from position `first` on: each refitted one, and the later ones whose prior it is."""
@@ -125,3 +123,10 @@ class ConfidenceCalibrator:
     def _bins(self, raw: np.ndarray) -> np.ndarray:
         raw = np.asarray(raw, dtype=np.float64)
         return np.clip((raw * self.num_bins).astype(np.int64), 0, self.num_bins - 1)
+
+
+def _lookup_row(row: np.ndarray) -> list[float]:
+    """A position's map as a list for the policy's per-draft lookups in plain Python, its last bin once more (a
+    confidence of exactly 1 lands there without a clamp)."""
+    values = row.tolist()
+    return values + values[-1:]
