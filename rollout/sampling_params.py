@@ -52,8 +52,14 @@ class SamplingParams:
             raise ValueError(f"ignore_eos={self.ignore_eos!r}: must be True or False")
 
     def stop_ids(self, eos_token_ids) -> set[int]:
-        """The token ids that end a completion: the model's EOS ids (unless ignore_eos) and stop_token_ids."""
-        return (set() if self.ignore_eos else set(eos_token_ids)) | set(self.stop_token_ids or ())
+        """The token ids that end a completion (stop_ids)."""
+        return stop_ids(eos_token_ids, self.ignore_eos, self.stop_token_ids)
+
+
+def stop_ids(eos_token_ids, ignore_eos: bool, stop_token_ids) -> set[int]:
+    """The token ids that end a completion, for every form of sampling params (this project's and vLLM's): the
+    model's EOS ids unless ignore_eos, and stop_token_ids."""
+    return (set() if ignore_eos else set(eos_token_ids)) | set(stop_token_ids or ())
 
 
 def mix_seed(*parts: int) -> int:

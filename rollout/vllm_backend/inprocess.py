@@ -33,7 +33,7 @@ from transformers import AutoConfig
 
 from rollout.loading import default_device_dtype, default_max_model_len, eos_token_ids, generation_config
 from rollout.outputs import RolloutBatch
-from rollout.sampling_params import SamplingParams, mix_seed
+from rollout.sampling_params import SamplingParams, mix_seed, stop_ids
 from rollout.vllm_backend.engine_args import (FIXED_KWARGS, drafter_folder, kv_cache_bytes, local_folder,
                                               set_cpu_thread_binding, speculative_config)
 from rollout.vllm_backend.versions import drafter_reads_schedule, register_methods, runs_project_drafter
@@ -188,8 +188,8 @@ class VLLMBackend(VLLMCommon):
             self._check_vllm_sampling(params)
             import msgspec
             fields = {k: v for k, v in msgspec.structs.asdict(params).items() if not k.startswith("_")}
-            stop_ids = set(self.eos_token_ids) | set(params.stop_token_ids or ())
-            fields.update(stop_token_ids=sorted(stop_ids), seed=seed, logprobs=0, detokenize=False)
+            ends = stop_ids(self.eos_token_ids, params.ignore_eos, params.stop_token_ids)
+            fields.update(stop_token_ids=sorted(ends), seed=seed, logprobs=0, detokenize=False)
             return vllm.SamplingParams(**fields)
         raise ValueError(f"sampling_params={params!r}: expected rollout.SamplingParams (or vllm.SamplingParams "
                          "on the vLLM backend)")
