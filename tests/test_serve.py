@@ -101,7 +101,6 @@ def test_a_server_open_beyond_loopback_needs_a_key(monkeypatch, tmp_path):
     build_command(["--model", target, "--host", "0.0.0.0", "--trusted-network"], is_cpu=True)
     args, env = build_command(["--model", target, "--host", "0.0.0.0", "--api-key", "s3cret",
                                "--weights-dir", str(tmp_path / "w"), "--history-dir", str(tmp_path / "h")], is_cpu=True)
-    assert "s3cret" not in plain_command(args, env) and "--api-key '<key>'" in plain_command(args, env)
     assert "--trusted-network" not in args and "--weights-dir" not in args  # the launcher's own flags stay here
     assert json.loads(env["ROLLOUT_SERVER_FOLDERS"]) == {"weights_dir": str(tmp_path / "w"),
                                                           "history_dir": str(tmp_path / "h")}
@@ -109,11 +108,54 @@ def test_a_server_open_beyond_loopback_needs_a_key(monkeypatch, tmp_path):
     build_command(["--model", target, "--host", "0.0.0.0"], is_cpu=True)
 
 
+def test_the_key_reaches_vllm_in_its_environment_never_in_its_argv(monkeypatch):
+    target = default_model_paths()["target"]
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    for given in (["--api-key", "s3cret"], ["--api-key=s3cret"]):
+        args, env = build_command(["--model", target, "--host", "0.0.0.0", *given], is_cpu=True)
+        assert env["VLLM_API_KEY"] == "s3cret" and not [a for a in args if "s3cret" in a or "--api-key" in a]
+        assert "s3cret" not in plain_command(args, env) and plain_command(args, env).count("VLLM_API_KEY=<key>") == 1
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    assert build_command(["--model", target], is_cpu=True)[1]["VLLM_API_KEY"] == "from-env"
+    with pytest.raises(ValueError, match="--api-key given 2 times"):
+        build_command(["--model", target, "--api-key", "a", "--api-key", "b"], is_cpu=True)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1"])
+def test_an_empty_key_does_not_start_on_any_host(monkeypatch, host):
+    target = default_model_paths()["target"]
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="--api-key='' is not an API key"):
+        build_command(["--model", target, "--host", host, "--api-key", ""], is_cpu=True)
+    monkeypatch.setenv("VLLM_API_KEY", "")
+    for extra in ([], ["--trusted-network"]):
+        with pytest.raises(ValueError, match="VLLM_API_KEY='' is not an API key"):
+            build_command(["--model", target, "--host", host, *extra], is_cpu=True)
+
+
 def test_the_cli_refuses_an_open_server_before_starting_it():
     env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
     out = subprocess.run([sys.executable, "-m", "rollout", "serve", "--model", "default", "--host", "0.0.0.0"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2 and "needs an API key" in out.stderr and "--trusted-network" in out.stderr
+
+
+@pytest.mark.parametrize("how", ["environment", "flag"])
+def test_the_cli_refuses_an_empty_key_before_starting(how):
+    env = {**os.environ, "VLLM_API_KEY": ""} if how == "environment" else {
+        k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    flag = ["--api-key", ""] if how == "flag" else []
+    out = subprocess.run([sys.executable, "-m", "rollout", "serve", "--model", "default", "--host", "0.0.0.0", *flag],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2 and "is not an API key: a key is a non-empty string" in out.stderr, out.stderr
+    assert "plain command" not in out.stdout
+
+
+def test_the_cli_help_says_what_trusted_network_exposes():
+    out = subprocess.run([sys.executable, "-m", "rollout", "serve", "--trusted-network", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--trusted-network" in out.stdout and "--weights-dir" in out.stdout
+    assert "loading weights and rollout histories" in " ".join(out.stdout.split()), out.stdout
 
 
 def test_the_cli_prints_the_plain_command_on_a_dry_run():

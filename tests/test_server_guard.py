@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rollout.vllm_backend.guard import FOLDERS_ENV, RPC_METHODS, ServerGuard, check_rpc, server_info
+from rollout.vllm_backend.guard import FOLDERS_ENV, RPC_METHODS, ServerGuard, api_keys, check_rpc, server_info
 
 KEY = "s3cret"
 
@@ -33,10 +33,12 @@ class App:
         await send({"type": "http.response.body", "body": answer})
 
 
-def call(app, path: str, method: str = "GET", body: dict | None = None, key: str | None = None):
-    """(status, body) of one HTTP request through the gate."""
+def call(app, path: str, method: str = "GET", body: dict | None = None, key: str | None = None,
+         kind: str = "http"):
+    """(status, body) of one HTTP request through the gate; for a websocket (kind), (the close code, its reason)."""
     headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
-    scope = {"type": "http", "path": path, "method": method, "headers": headers, "app": app}
+    scope = {"type": kind, "path": path, "headers": headers, "app": app,
+             **({"method": method} if kind == "http" else {})}  # an ASGI websocket scope has no method
     raw = json.dumps(body).encode() if body is not None else b""
     messages = iter([{"type": "http.request", "body": raw[:5], "more_body": True},
                      {"type": "http.request", "body": raw[5:], "more_body": False}])
@@ -49,6 +51,8 @@ def call(app, path: str, method: str = "GET", body: dict | None = None, key: str
         sent.append(message)
 
     asyncio.run(ServerGuard(app)(scope, receive, send))
+    if kind == "websocket" and sent and sent[0]["type"] == "websocket.close":
+        return sent[0]["code"], sent[0]["reason"].encode()
     return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
 
 
@@ -70,6 +74,38 @@ def test_with_a_key_every_route_but_health_needs_it(folders):
         assert call(app, path, method, key="wrong")[0] == 401
     assert not app.received  # nothing refused reached the app
     assert call(app, "/health")[0] == 200 and call(app, "/v1/models", key=KEY)[0] == 200
+
+
+def test_a_websocket_without_the_key_is_closed_before_it_reaches_the_app(folders):
+    app = App(api_key=[KEY])
+    for path in ("/v1/realtime", "/health", "/collective_rpc"):
+        code, reason = call(app, path, kind="websocket")
+        assert code == 1008 and b"API key" in reason, path  # 1008: policy violation, answered as HTTP 403
+    assert not app.received
+    assert call(app, "/v1/realtime", key=KEY, kind="websocket")[0] == 200 and len(app.received) == 1
+
+
+@pytest.mark.parametrize("setting", [{"api_key": [""]}, {"api_key": ""}, {"api_key": [KEY, " "]},
+                                     {"env": ""}, {"env": " padded "}])
+def test_an_empty_key_is_a_broken_setting_that_refuses_everything(folders, monkeypatch, setting):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    if "env" in setting:
+        monkeypatch.setenv("VLLM_API_KEY", setting["env"])
+    app = App(api_key=setting.get("api_key"))
+    for path, method, key in [("/pause", "POST", None), ("/health", "GET", None), ("/v1/models", "GET", ""),
+                              ("/v1/models", "GET", KEY)]:
+        status, body = call(app, path, method, key=key)
+        assert status == 500 and b"is not an API key" in body, (path, key)
+    assert not app.received
+
+
+def test_api_keys_is_the_one_rule_for_has_a_key():
+    assert api_keys(None, {}) == [] and api_keys(None, {"VLLM_API_KEY": KEY}) == [KEY]
+    assert api_keys([KEY], {"VLLM_API_KEY": "other"}) == [KEY] and api_keys(KEY, {}) == [KEY]  # as vLLM: flag first
+    for given, environ, named in [([""], {}, "--api-key"), (None, {"VLLM_API_KEY": ""}, "VLLM_API_KEY"),
+                                  (["\t"], {}, "--api-key"), ([None], {}, "--api-key")]:
+        with pytest.raises(ValueError, match=f"{named}=.* is not an API key: a key is a non-empty string"):
+            api_keys(given, environ)
 
 
 def test_the_key_from_the_environment_when_the_server_has_no_flag(folders, monkeypatch):

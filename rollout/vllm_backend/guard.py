@@ -7,7 +7,8 @@ also opens vLLM's RL routes (/pause, /update_weights, ...), and vLLM's own key c
 
 - **the key on every route**: with a key set (vLLM's `--api-key`, else `VLLM_API_KEY` in the environment, as vLLM
   reads them), every request must carry `Authorization: Bearer <key>`, on every path and method, websockets
-  included; the one exception is `GET /health`, for load balancers. Otherwise 401.
+  included; the one exception is `GET /health`, for load balancers. Otherwise 401. A key is a non-empty string
+  (api_keys): a key set but empty is a broken setting, never "no key", and the gate refuses every request (500).
 - **only the client's RPCs**: `POST /collective_rpc` runs only the worker methods in RPC_METHODS, with exactly their
   keyword arguments; anything else is 403, naming the method. A path argument must lie, once `..` and symlinks are
   resolved, inside the server's folder for it (`weights_dir`, `history_dir`: JSON in the environment variable
@@ -26,6 +27,7 @@ import secrets
 
 from rollout.vllm_common import CONFIG_KEY, SERVER_KEY, is_inside
 
+KEY_ENV = "VLLM_API_KEY"  # vLLM's, read by the server, the gate and the clients
 FOLDERS_ENV = "ROLLOUT_SERVER_FOLDERS"  # {"weights_dir": path, "history_dir": path}, set by serve.py
 FOLDERS = ("weights_dir", "history_dir")
 # method -> {keyword argument: the server folder its path must lie in, or None for a value that is not a path}
@@ -55,14 +57,17 @@ class ServerGuard:
     def __init__(self, app):
         self.app = app
         self._key_digests = None  # sha256 of each accepted key; [] when the server has none
+        self._broken = None  # why every request is refused: the key setting is not a key
         self._folders = None  # FOLDERS name -> the server's folder
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         self._read_settings(scope["app"])
+        if self._broken:
+            return await _refuse(scope, send, 500, self._broken)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
-        method = scope.get("method", "GET")
+        method = scope.get("method")  # None for a websocket: no open route takes one
         if (method, path) not in OPEN_ROUTES and not self._admits(scope):
             return await _refuse(scope, send, 401, "this server needs its API key: send the header 'Authorization: "
                                                    "Bearer <key>' (RolloutGenerator: server_kwargs={'api_key': ...} "
@@ -80,10 +85,11 @@ class ServerGuard:
     def _read_settings(self, app) -> None:
         if self._key_digests is not None:
             return
-        state = app.state
-        keys = getattr(getattr(state, "args", None), "api_key", None) or [os.environ.get("VLLM_API_KEY")]
-        keys = [keys] if isinstance(keys, str) else keys
-        self._key_digests = [hashlib.sha256(k.encode()).digest() for k in keys if k]
+        try:
+            keys = api_keys(getattr(getattr(app.state, "args", None), "api_key", None), os.environ)
+        except ValueError as e:
+            keys, self._broken = [], f"the server refuses every request: {e}"
+        self._key_digests = [hashlib.sha256(k.encode()).digest() for k in keys]
         folders = json.loads(os.environ.get(FOLDERS_ENV) or "{}")
         self._folders = {name: folders[name] for name in FOLDERS if folders.get(name)}
 
@@ -95,6 +101,20 @@ class ServerGuard:
         digest = hashlib.sha256(token.encode()).digest()
         matches = [secrets.compare_digest(digest, accepted) for accepted in self._key_digests]
         return scheme.lower() == "bearer" and any(matches)
+
+
+def api_keys(given, environ) -> list[str]:
+    """The server's keys, as vLLM reads them: those given (`--api-key`: a string or a list), else KEY_ENV's when it is
+    set in `environ`, else none. A key is a non-empty string without surrounding blanks: anything else is a
+    ValueError naming where it came from, so that an empty setting can never mean "no key"."""
+    keys, source = ([given] if isinstance(given, str) else given, "--api-key") if given is not None else (
+        [environ[KEY_ENV]] if KEY_ENV in environ else [], KEY_ENV)
+    for key in keys:
+        if not isinstance(key, str) or not key.strip() or key != key.strip():
+            raise ValueError(f"{source}={key!r} is not an API key: a key is a non-empty string without surrounding "
+                             f"blanks; set a real key (e.g. {KEY_ENV}=$(cat /path/to/key.file)), or unset {KEY_ENV} "
+                             "and drop --api-key to serve without one on loopback")
+    return list(keys)
 
 
 def check_rpc(body: bytes, folders: dict[str, str]) -> str | None:

@@ -18,8 +18,9 @@ and on CPU `--enforce-eager`, `--dtype float32`, `--max-model-len` (the model's,
 (engine_args.py says why). It sets VLLM_SERVER_DEV_MODE=1 (the client reads /server_info and syncs weights through
 /collective_rpc) and, for tensor parallelism on CPU, VLLM_CPU_OMP_THREADS_BIND.
 
-It admits the server's trainers only (guard.py, added as vLLM's `--middleware`): with a key (`--api-key`, or
-VLLM_API_KEY in the environment, which keeps it out of the process list) every route but /health needs it;
+It admits the server's trainers only (guard.py, added as vLLM's `--middleware`): with a key (VLLM_API_KEY in the
+environment, or `--api-key`, which the launcher moves into vLLM's environment so that no process list shows it; an
+empty key is refused at start, on every host: guard.api_keys) every route but /health needs it;
 /collective_rpc runs only the client's worker methods, their paths inside the server's folders; /server_info hides
 the environment. The folders, flags of this launcher (not passed to vLLM): `--weights-dir` (where clients write the
 checkpoints the server loads) and `--history-dir` (rollout-history files), each a new private temporary folder unless
@@ -27,10 +28,10 @@ given, reach the gate in the environment (guard.FOLDERS_ENV) and the clients thr
 another host without a key is refused unless `--trusted-network` is passed (then anyone who reaches the port can
 generate, pause the server and load weights or histories from its folders).
 
-It prints the equivalent plain command (keys masked), then replaces itself with `python -m
+It prints the equivalent plain command (the key masked), then replaces itself with `python -m
 vllm.entrypoints.openai.api_server` (the `vllm serve` CLI fails on the CPU wheel: it asks for the version of a
 package named "vllm"; on a CUDA install `vllm serve --model ...` with the same flags and environment is the same
-server). `--dry-run` prints and exits.
+server). `--dry-run` prints and exits; `--help` lists the launcher's own flags.
 """
 
 import argparse
@@ -45,7 +46,7 @@ import torch
 
 from rollout.loading import default_max_model_len
 from rollout.vllm_backend.engine_args import cpu_thread_binding, drafter_folder, kv_cache_bytes, speculative_config
-from rollout.vllm_backend.guard import FOLDERS, FOLDERS_ENV
+from rollout.vllm_backend.guard import FOLDERS, FOLDERS_ENV, KEY_ENV, api_keys
 from rollout.vllm_backend.versions import check_server_drafter
 from rollout.vllm_common import WORKER_EXTENSION
 from spec import SpecConfig
@@ -77,9 +78,12 @@ def build_command(argv: list[str], is_cpu: bool | None = None) -> tuple[list[str
         if given is not None and given != value:
             raise ValueError(f"{flag} {given}: the server backend needs {flag} {value} (the trainer's logprobs are "
                              "the processed distribution's); drop the flag")
-    has_key = bool(known.api_key or os.environ.get("VLLM_API_KEY"))
-    check_access(ADDED["--host"] if known.host is None else known.host, has_key, own.trusted_network)
-    args, additional = _project_drafter(_default_pair(list(argv), known), known)
+    keys = api_keys(known.api_key, os.environ)
+    if len(keys) > 1:
+        raise ValueError(f"--api-key given {len(keys)} times: rollout serve hands vLLM its key in the environment "
+                         f"({KEY_ENV}), which holds one; pass one key")
+    check_access(ADDED["--host"] if known.host is None else known.host, bool(keys), own.trusted_network)
+    args, additional = _project_drafter(_default_pair(_without(argv, "--api-key"), known), known)
     args += [*(["--additional-config", json.dumps(additional)] if additional else []), "--middleware", GUARD]
     for flag, value in {**REQUIRED, **ADDED}.items():
         if getattr(known, _dest(flag)) is None:
@@ -87,18 +91,17 @@ def build_command(argv: list[str], is_cpu: bool | None = None) -> tuple[list[str
     if is_cpu:
         args += _cpu_defaults(known)
     env = {"VLLM_SERVER_DEV_MODE": "1",
-           FOLDERS_ENV: json.dumps({name: _folder(getattr(own, name), name) for name in FOLDERS})}
+           FOLDERS_ENV: json.dumps({name: _folder(getattr(own, name), name) for name in FOLDERS}),
+           **({KEY_ENV: keys[0]} if keys else {})}
     if is_cpu and known.tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(known.tensor_parallel_size)
     return args, env
 
 
 def plain_command(args: list[str], env: dict[str, str]) -> str:
-    """The shell command that starts the same server without this launcher (API keys masked)."""
-    shown = ["<key>" if i > 0 and args[i - 1] == "--api-key" else "--api-key=<key>" if a.startswith("--api-key=")
-             else a for i, a in enumerate(args)]
-    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), "python", "-m", SERVER_MODULE,
-                     shlex.join(shown)])
+    """The shell command that starts the same server without this launcher (the API key masked)."""
+    shown = {k: "<key>" if k == KEY_ENV else shlex.quote(v) for k, v in env.items()}
+    return " ".join([*(f"{k}={v}" for k, v in shown.items()), "python", "-m", SERVER_MODULE, shlex.join(args)])
 
 
 def check_access(host: str, has_key: bool, trusted_network: bool) -> None:
@@ -106,9 +109,9 @@ def check_access(host: str, has_key: bool, trusted_network: bool) -> None:
     if has_key or trusted_network or _is_loopback(host):
         return
     raise ValueError(f"--host {host}: a server bound beyond loopback needs an API key, or anyone who reaches its port "
-                     "can load weights into it and pause it; start it with VLLM_API_KEY=<key> in the environment (or "
-                     "--api-key <key>) and give the trainers the same key (server_kwargs={'api_key': ...} or "
-                     "VLLM_API_KEY), or pass --trusted-network to serve without one on a network you trust")
+                     f"can load weights into it and pause it; start it with {KEY_ENV}=<key> in the environment and "
+                     f"give the trainers the same key (server_kwargs={{'api_key': ...}} or {KEY_ENV}), or pass "
+                     "--trusted-network to serve without one on a network you trust")
 
 
 def _is_loopback(host: str) -> bool:
@@ -119,6 +122,9 @@ def _is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    if "--help" in argv or "-h" in argv:
+        print(_own_parser().format_help())
+        return 0
     dry_run = "--dry-run" in argv
     argv = [a for a in argv if a != "--dry-run"]
     try:
@@ -236,11 +242,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _own_parser() -> argparse.ArgumentParser:
-    """This launcher's own flags (taken out of what reaches vLLM)."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--weights-dir", dest="weights_dir")
-    parser.add_argument("--history-dir", dest="history_dir")
-    parser.add_argument("--trusted-network", action="store_true")
+    """This launcher's own flags (taken out of what reaches vLLM), with the help `rollout serve --help` prints."""
+    parser = argparse.ArgumentParser(
+        prog="python -m rollout serve", add_help=False, allow_abbrev=False,
+        usage="%(prog)s --model FOLDER [vLLM's flags] [--weights-dir DIR] [--history-dir DIR] [--trusted-network] "
+              "[--dry-run]",
+        description="vLLM's OpenAI server with the settings backend='server' needs. Every flag not listed here is "
+                    "vLLM's and passes through (python -m vllm.entrypoints.openai.api_server --help lists them). "
+                    f"The key: {KEY_ENV} in the environment (an --api-key given here is moved there, out of the "
+                    "process list); an empty key does not start.")
+    parser.add_argument("--weights-dir", dest="weights_dir",
+                        help="where clients write the checkpoints the server loads (default: a new private folder)")
+    parser.add_argument("--history-dir", dest="history_dir",
+                        help="where rollout-history files are saved and loaded (default: a new private folder)")
+    parser.add_argument("--trusted-network", action="store_true",
+                        help="serve beyond loopback (--host) without a key. It exposes everything the server does to "
+                             "anyone who reaches its port: generation, pausing and resuming the server, and loading "
+                             "weights and rollout histories from its --weights-dir and --history-dir")
+    parser.add_argument("--dry-run", action="store_true", help="print the plain vLLM command and exit")
     return parser
 
 
