@@ -1,7 +1,9 @@
 """The Backend protocol's contract (rollout/backend.py) as checks that every backend must pass, whatever it runs on:
 tests/test_backend_contract.py runs them on the embedded engine (the default stage), tests/test_vllm_backend_contract.py
 on vLLM in this process and on a vLLM server (the vLLM stage). A check takes a Subject: the backend, the prompts it
-rolls out, and the target's weights under HF names. Shapes stay tiny: a few prompts, a few tokens."""
+rolls out, the target's weights under HF names, and the methods the backend documents as NotImplementedError (a
+server cannot change its schedule). Every check runs on every backend: it checks the behaviour, or, for a method the
+backend refuses, the refusal and that nothing changed. Shapes stay tiny: a few prompts, a few tokens."""
 
 import math
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ class Subject:
     prompt_ids: list[list[int]]
     target_weights: Callable[[], list[tuple[str, torch.Tensor]]]  # the target's weights as it runs now
     tmp_path: Path
+    refuses: frozenset[str] = frozenset()  # Backend methods this backend documents as NotImplementedError
 
 
 def _text(token_ids: list[int]) -> str:
@@ -122,17 +125,26 @@ def check_draft_model(subject: Subject) -> None:
     _assert_same_rollouts(_greedy(subject), before)
 
 
+def _refusal_changes_nothing(subject: Subject, name: str, *args) -> None:
+    """A method the backend refuses raises NotImplementedError and leaves the rollouts and the schedule as they were."""
+    backend, before = subject.backend, _greedy(subject)
+    schedule = backend.config.schedule.ranges if backend.config else None
+    with pytest.raises(NotImplementedError):
+        getattr(backend, name)(*args)
+    assert (backend.config.schedule.ranges if backend.config else None) == schedule
+    _assert_same_rollouts(_greedy(subject), before)
+
+
 def check_schedule(subject: Subject) -> None:
-    """use_schedule: K follows the new schedule from the next call on, or NotImplementedError (an engine that runs
-    the schedule it was started with)."""
+    """use_schedule: K follows the new schedule from the next call on (or the documented refusal: an engine that
+    runs the schedule it was started with)."""
     backend = subject.backend
     if backend.config is None:
         return
+    if "use_schedule" in subject.refuses:
+        return _refusal_changes_nothing(subject, "use_schedule", [[1, backend.max_num_seqs, 1]])
     original = backend.config.num_speculative_tokens_per_batch_size or [[1, 1, backend.config.num_speculative_tokens]]
-    try:
-        backend.use_schedule([[1, backend.max_num_seqs, 1]])
-    except NotImplementedError:
-        return
+    backend.use_schedule([[1, backend.max_num_seqs, 1]])
     try:
         assert backend.config.schedule.k_for_batch_size(1) == 1
         batch = backend.generate(subject.prompt_ids, 1, GREEDY, seed=0, decode=_text, use_tqdm=False)
@@ -142,16 +154,14 @@ def check_schedule(subject: Subject) -> None:
 
 
 def check_speculation_swap(subject: Subject) -> None:
-    """build_speculation and use_speculation swap the drafter in (greedy rollouts unchanged), or NotImplementedError
-    (an engine built with its config)."""
+    """build_speculation and use_speculation swap the drafter in (greedy rollouts unchanged), or the documented
+    refusal (an engine built with its config)."""
     backend = subject.backend
+    if "build_speculation" in subject.refuses:
+        _refusal_changes_nothing(subject, "build_speculation", backend.config)
+        return _refusal_changes_nothing(subject, "use_speculation", None)
     before = _greedy(subject)
-    try:
-        speculation = backend.build_speculation(backend.config)
-    except NotImplementedError:
-        with pytest.raises(NotImplementedError):
-            backend.use_speculation(None)
-        return
+    speculation = backend.build_speculation(backend.config)
     backend.use_speculation(speculation)
     _assert_same_rollouts(_greedy(subject), before)
 
@@ -171,19 +181,18 @@ def check_history_file(subject: Subject) -> None:
 
 
 def check_step_times(subject: Subject) -> None:
-    """measure_step_times: positive seconds at the batch sizes and Ks asked for, or NotImplementedError (an engine
-    not in this process); the schedule stays what it was. Without a speculative config there is no K to time: a
+    """measure_step_times: positive seconds at the batch sizes and Ks asked for, the schedule as it was (or the
+    documented refusal: an engine not in this process). Without a speculative config there is no K to time: a
     ValueError."""
     backend = subject.backend
+    if "measure_step_times" in subject.refuses:
+        return _refusal_changes_nothing(subject, "measure_step_times", subject.prompt_ids, [1, 2], [0, 1])
     if backend.config is None:
-        with pytest.raises((ValueError, NotImplementedError)):
+        with pytest.raises(ValueError):
             backend.measure_step_times(subject.prompt_ids, [1, 2], [0, 1])
         return
     schedule = backend.config.schedule
-    try:
-        times = backend.measure_step_times(subject.prompt_ids, [1, 2], [0, 1])
-    except NotImplementedError:
-        return
+    times = backend.measure_step_times(subject.prompt_ids, [1, 2], [0, 1])
     assert all(times.step_seconds(b, k) > 0 for b in (1, 2) for k in (0, 1))
     backend.use_schedule([list(r) for r in schedule.ranges])
 

@@ -2,6 +2,8 @@
 history drafter, a draft model, and no speculation. tests/test_vllm_backend_contract.py runs the same checks on vLLM
 in this process and on a vLLM server."""
 
+from pathlib import Path
+
 import pytest
 from backend_contract import CHECKS, Subject
 
@@ -27,3 +29,8 @@ def test_the_embedded_engine_keeps_the_backend_contract(generator, check, tmp_pa
     prompt_ids = to_token_ids(default_prompts(3, seed=11), generator.tokenizer, generator.max_model_len)
     check(Subject(generator.backend, prompt_ids,
                   lambda: [(name, param.detach().clone()) for name, param in model.named_parameters()], tmp_path))
+
+
+def test_the_readme_says_how_many_checks_every_backend_runs():
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert f"(`tests/backend_contract.py`) is {len(CHECKS)} checks, each run on every backend" in readme
