@@ -56,17 +56,19 @@ def hf_logprobs(model, prompt: list[int], completion: list[int], params: Samplin
 
 class Server:
     """`python -m rollout serve ARGS` in its own process group, at a free port on 127.0.0.1, with an API key
-    (`api_key`, a new one unless given, handed to the server in VLLM_API_KEY; clients pass `client_kwargs`); `stop()` ends the group and
-    removes the /dev/shm files its processes left."""
+    (`api_key`, a new one unless given, handed to the server in VLLM_API_KEY, or as `--api-key` where key_in_argv;
+    clients pass `client_kwargs`); `stop()` ends the group and removes the /dev/shm files its processes left."""
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 api_key: str | None = None):
+                 api_key: str | None = None, key_in_argv: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.api_key = api_key or secrets.token_urlsafe(16)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_API_KEY": self.api_key, **(env or {}),
+        env = {**{k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}, "OMP_NUM_THREADS": "1",
+               **({} if key_in_argv else {"VLLM_API_KEY": self.api_key}), **(env or {}),
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        args = [*args, "--api-key", self.api_key] if key_in_argv else args
         self.shm_before = set(os.listdir("/dev/shm"))
         start = time.monotonic()
         self.process = subprocess.Popen([sys.executable, "-m", "rollout", "serve", *args, "--host", "127.0.0.1",
