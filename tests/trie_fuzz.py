@@ -1,10 +1,10 @@
 """Randomised operation sequences on the compiled suffix trie, checked against the brute-force reference
 (trie_reference.py) after every operation, and hostile inputs: tokens whose __index__ empties the list being read or
 calls back into the trie, tokens that are not ints or do not fit in 32 bits, empty sequences, inputs of every kind
-(tuples, generators, list subclasses), and a failed allocation at each allocation an update makes. An update that
-fails must leave the trie exactly as it was.
+(tuples, generators, list subclasses), weights and counts past the trie's limits, and a failed allocation at each
+allocation an update makes. An update that fails must leave the trie exactly as it was.
 
-tests/test_trie_fuzz.py runs it on the normal build (the default stage). .ci/sanitize_trie.sh runs it as a script on a
+tests/test_suffix_tree.py runs it on the normal build (the default stage). .ci/sanitize_trie.sh runs it as a script on a
 build with AddressSanitizer and UndefinedBehaviorSanitizer, where reading freed memory or any undefined behaviour
 aborts the run:
 
@@ -14,6 +14,7 @@ Standard library only (it runs without torch): the script loads the extension fr
 """
 
 import argparse
+import importlib
 import importlib.util
 import random
 import sys
@@ -21,12 +22,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trie_reference import ReferenceTrie, brute_force_match  # noqa: E402
+from trie_reference import MAX_WEIGHT, ReferenceTrie, brute_force_match  # noqa: E402
 
 VOCAB = 4  # few distinct tokens: substrings repeat, so counts above 1, shared nodes, removals that keep nodes
 MAX_SEQS = 8
 BAD_TOKENS = [("a", TypeError), (1.5, TypeError), (None, TypeError), (object(), TypeError), (2 ** 31, OverflowError),
               (-2 ** 31 - 1, OverflowError), (2 ** 80, OverflowError)]
+HUGE_WEIGHTS = (2 ** 61, MAX_WEIGHT, MAX_WEIGHT + 1, 2 ** 63 - 1)  # a few tokens of them reach the count limit
 
 
 class Shrinking:
@@ -121,6 +123,16 @@ class Fuzzer:
     def tokens(self, max_len: int) -> list[int]:
         return [self.rng.randrange(VOCAB) for _ in range(self.rng.randrange(max_len + 1))]
 
+    def update(self, call, ref_call) -> None:
+        """call(trie) returns what ref_call(ref) does, or both raise ValueError (a weight or a count past its limit)
+        and neither changes."""
+        try:
+            expected = ref_call(self.ref)
+        except ValueError:
+            expect_unchanged(self.trie, call, ValueError)
+            return
+        assert call(self.trie) == expected
+
     def step(self) -> None:
         ids = sorted(self.ref.seqs)
         if not ids or (len(ids) < MAX_SEQS and self.rng.random() < 0.3):
@@ -134,13 +146,14 @@ class Fuzzer:
         check_equal(self.trie, self.ref, self.rng)
 
     def add(self) -> None:
-        tokens, weight = self.tokens(12), self.rng.randrange(1, 4)
-        if self.rng.random() < 0.2:
+        tokens = self.tokens(12)
+        weight = self.rng.choice(HUGE_WEIGHTS) if self.rng.random() < 0.05 else self.rng.randrange(1, 4)
+        if self.rng.random() < 0.2 and weight <= MAX_WEIGHT:  # a larger weight is refused before the tokens are read
             bad, error = with_bad_token(self.rng, tokens)
             expect_unchanged(self.trie, lambda trie: trie.add(self.next_id, bad, weight=weight), error)
             assert self.next_id not in self.trie
-        self.trie.add(self.next_id, as_input(self.rng, tokens), weight=weight)
-        self.ref.add(self.next_id, tokens, weight)
+        self.update(lambda trie: trie.add(self.next_id, as_input(self.rng, tokens), weight=weight),
+                    lambda ref: ref.add(self.next_id, tokens, weight))
         self.next_id += 1
 
     def extend(self, seq_id: int) -> None:
@@ -149,15 +162,16 @@ class Fuzzer:
             bad, error = with_bad_token(self.rng, tokens)
             expect_unchanged(self.trie, lambda trie: trie.extend(seq_id, bad), error)
         if self.rng.random() < 0.5:
-            self.trie.extend(seq_id, as_input(self.rng, tokens))
-            self.ref.extend(seq_id, tokens)
+            self.update(lambda trie: trie.extend(seq_id, as_input(self.rng, tokens)),
+                        lambda ref: ref.extend(seq_id, tokens))
             return
         current = self.ref.sequence(seq_id)
         whole = current + tokens
         if self.rng.random() < 0.4 and current:  # fewer tokens, or one changed (inside or before the checked tail)
             i = self.rng.randrange(len(current))
             whole = current[:i] if self.rng.random() < 0.3 else whole[:i] + [whole[i] + 1] + whole[i + 1:]
-        assert self.trie.extend_to(seq_id, as_input(self.rng, whole)) == self.ref.extend_to(seq_id, whole)
+        self.update(lambda trie: trie.extend_to(seq_id, as_input(self.rng, whole)),
+                    lambda ref: ref.extend_to(seq_id, whole))
 
 
 def run_operations(module, seed: int, num_ops: int) -> None:
@@ -242,31 +256,51 @@ def edge_values(module) -> None:
 
 
 def allocation_failures_change_nothing(module) -> int:
-    """Each allocation of an add, extend and extend_to made to fail in turn (CPython's _testcapi.set_nomemory): the
-    update raises MemoryError and the trie is as it was, or it completes. The cases run; 0 without _testcapi."""
+    """Every allocation of an add, an extend and an extend_to, made to fail in turn (CPython's _testcapi.set_nomemory):
+    the update raises MemoryError and the trie is as it was, or it completes (no allocation was left to fail: the next
+    update). Only the call runs while a failure is armed, so what fails is the trie's allocations and the interpreter's
+    in calling it; its inputs are built before (CPython 3.11 leaks a reference where a list display's allocation
+    fails, which the sanitizer stage's leak check reports).
+
+    Returns the failures injected: the allocations, as set_nomemory numbers them, whose failure raised MemoryError.
+    It numbers every call into an allocator, and under pymalloc a block over 512 bytes is two calls that fail alike
+    (PyMem's, then the raw malloc pymalloc hands the block to), so the number is of distinct allocations only under
+    PYTHONMALLOC=malloc, as in the sanitizer stage. AssertionError where an update had none injected (no _testcapi, or
+    hooks that never fired): the check would pass having tested nothing."""
     try:
         import _testcapi
     except ImportError:
-        return 0
-    num_cases, tokens = 0, list(range(10, 1500))  # enough nodes for the node array and the edge table to grow
-    updates = [lambda trie: trie.extend(0, tokens), lambda trie: trie.extend_to(0, [1, 2, 3] + tokens),
-               lambda trie: trie.add(1, tokens, weight=2)]
-    for update in updates:
-        for failing in range(10_000):
-            trie = module.SuffixTree(3)
-            trie.add(0, [1, 2, 3])
-            before = snapshot(trie)
-            _testcapi.set_nomemory(failing, failing + 1)
-            try:
-                update(trie)
-            except MemoryError:
-                _testcapi.remove_mem_hooks()
-                assert snapshot(trie) == before
-                num_cases += 1
-                continue
+        raise AssertionError("allocation failures: none can be injected without CPython's _testcapi (set_nomemory), "
+                             "which this Python build lacks") from None
+    tokens = list(range(10, 1500))  # enough nodes for the node array and the edge table to grow
+    whole = [1, 2, 3] + tokens
+    updates = {"extend": lambda trie: trie.extend(0, tokens), "extend_to": lambda trie: trie.extend_to(0, whole),
+               "add": lambda trie: trie.add(1, tokens, weight=2)}
+    num_failures = 0
+    for name, update in updates.items():
+        failures = inject_failures(module, _testcapi, update)
+        assert failures, f"allocation failures: none injected into {name} (set_nomemory's hooks never fired)"
+        num_failures += failures
+    return num_failures
+
+
+def inject_failures(module, _testcapi, update) -> int:
+    """update(trie) with its allocation number `failing` failing, for failing = 0, 1, ... until it completes: the
+    failures that raised MemoryError, each checked to leave the trie as it was."""
+    for failing in range(10_000):
+        trie = module.SuffixTree(3)
+        trie.add(0, [1, 2, 3])
+        before = snapshot(trie)
+        _testcapi.set_nomemory(failing, failing + 1)
+        try:
+            update(trie)
+        except MemoryError:
             _testcapi.remove_mem_hooks()
-            break  # no allocation left to fail
-    return num_cases
+            assert snapshot(trie) == before
+            continue
+        _testcapi.remove_mem_hooks()
+        return failing
+    raise AssertionError("allocation failures: an update still failed at its 10,000th allocation")
 
 
 HOSTILE_CASES = (shrinking_tokens, reentrant_tokens, failed_updates_change_nothing, edge_values,
@@ -288,8 +322,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     module, start = load(args.extension), time.monotonic()
     for case in HOSTILE_CASES:
-        case(module)
-        print(f"{case.__name__}: passed", flush=True)
+        num_failures = case(module)  # None but from allocation_failures_change_nothing, which ran on _testcapi
+        if num_failures is None:
+            print(f"{case.__name__}: passed", flush=True)
+            continue
+        allocator = importlib.import_module("_testcapi").pymem_getallocatorsname()
+        print(f"{case.__name__}: passed, {num_failures} allocation failures injected (allocator: {allocator})",
+              flush=True)
     for seed in range(args.seeds):
         run_operations(module, seed, args.ops)
     print(f"trie fuzz: {len(HOSTILE_CASES)} hostile cases and {args.seeds} x {args.ops} random operations passed "

@@ -3,6 +3,9 @@ answer recomputed from their substrings. test_suffix.py and the randomised opera
 the compiled trie against it. Standard library only: the sanitizer stage (.ci/sanitize_trie.sh) runs it without
 torch."""
 
+MAX_WEIGHT = 2 ** 62  # add()'s weights: 1 to MAX_WEIGHT
+COUNT_LIMIT = 2 ** 63 - 1  # INT64_MAX: an update that would take num_tokens (every count's bound) past it is refused
+
 
 def substring_counts(seqs, max_depth: int) -> dict[tuple, int]:
     """{substring: occurrences} over (tokens, weight) pairs, substrings of 1 .. max_depth tokens, each occurrence
@@ -29,7 +32,7 @@ def brute_force_match(counts: dict[tuple, int], context, max_depth: int, max_tok
     while match_length and len(drafts) < max_tokens and path in children:
         following = children[path]
         token = min(following, key=lambda t: (-following[t], t))
-        prob = following[token] / sum(following.values())
+        prob = float(following[token]) / float(sum(following.values()))  # the C's doubles (below 2**53: the exact ints)
         if prob < min_token_prob:
             break
         drafts.append(token)
@@ -47,18 +50,32 @@ class ReferenceTrie:
 
     def add(self, seq_id: int, token_ids=(), weight: int = 1) -> None:
         assert seq_id not in self.seqs
-        self.seqs[seq_id] = (list(token_ids), weight)
+        if not 1 <= weight <= MAX_WEIGHT:
+            raise ValueError(f"weight={weight}: at least 1 and at most 2**62")
+        token_ids = list(token_ids)
+        self.check_count_limit(weight, len(token_ids))
+        self.seqs[seq_id] = (token_ids, weight)
 
     def extend(self, seq_id: int, token_ids) -> None:
-        self.seqs[seq_id][0].extend(token_ids)
+        tokens, weight = self.seqs[seq_id]
+        token_ids = list(token_ids)
+        self.check_count_limit(weight, len(token_ids))
+        tokens.extend(token_ids)
 
     def extend_to(self, seq_id: int, token_ids) -> bool:
-        tokens, token_ids = self.seqs[seq_id][0], list(token_ids)
+        (tokens, weight), token_ids = self.seqs[seq_id], list(token_ids)
         checked = max(0, len(tokens) - self.max_depth)
         if len(token_ids) < len(tokens) or token_ids[checked:len(tokens)] != tokens[checked:]:
             return False
+        self.check_count_limit(weight, len(token_ids) - len(tokens))
         tokens.extend(token_ids[len(tokens):])
         return True
+
+    def check_count_limit(self, weight: int, num_new: int) -> None:
+        """ValueError, before anything changes, where num_new tokens of this weight would take num_tokens past
+        COUNT_LIMIT."""
+        if self.num_tokens + weight * num_new > COUNT_LIMIT:
+            raise ValueError(f"{num_new} token(s) of weight {weight}: past the count limit INT64_MAX = 2**63 - 1")
 
     def remove(self, seq_id: int) -> None:
         del self.seqs[seq_id]

@@ -5,9 +5,10 @@
  *
  * Every method first converts its Python inputs into C (_trie_tokens.h; a token's __index__ may run any Python code,
  * this trie's methods included), then updates the trie without running Python code, then builds its Python result.
- * Updates are atomic: an update reserves its memory before it changes anything (appends: a token at a time, undone
- * on failure), so on an error (a bad token, MemoryError) the trie is as it was. A lookup that finds a broken
- * invariant raises RuntimeError and marks the trie corrupt: every later call raises too.
+ * Updates are atomic: an update checks its counts' limit and reserves its memory before it changes anything (appends:
+ * a token at a time, undone on failure), so on an error (a bad token, a count past its limit, MemoryError) the trie is
+ * as it was. A lookup that finds a broken invariant raises RuntimeError and marks the trie corrupt: every later call
+ * raises too.
  */
 #include "_trie_ops.h"
 #include "_trie_tokens.h"
@@ -63,12 +64,16 @@ static PyObject *new_seq_capsule(Trie *t, int64_t weight, Py_ssize_t cap) {
     return capsule;
 }
 
+/* A weight's own bound, so that add() refuses an absurd weight where it is given: what keeps the counts within int64_t
+ * is the count limit of appends (check_count_limit), which a few tokens of weights this large reach. */
+#define MAX_WEIGHT ((int64_t)1 << 62)
+
 static int parse_weight(PyObject *weight_obj, int64_t *weight) {
     long long value = weight_obj == NULL ? 1 : PyLong_CheckExact(weight_obj) ? PyLong_AsLongLong(weight_obj) : -1;
     if (value == -1 && PyErr_Occurred()) PyErr_Clear();
-    if (value < 1) {
-        PyErr_Format(PyExc_ValueError, "weight=%R: a sequence counts as an integer number >= 1 of sequences",
-                     weight_obj);
+    if (value < 1 || value > MAX_WEIGHT) {
+        PyErr_Format(PyExc_ValueError, "weight=%R: a sequence counts as an integer number of sequences, at least 1 "
+                     "and at most 2**62", weight_obj);
         return -1;
     }
     *weight = value;

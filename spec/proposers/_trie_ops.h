@@ -124,11 +124,24 @@ static int reserve_tokens(Seq *seq, Py_ssize_t n) {
     return 0;
 }
 
-/* Append ids[0 .. n) to seq, all or none: room for each token's max_depth nodes is reserved before it is counted,
- * and a failed reservation (MemoryError) undoes the tokens counted before it. */
+/* Counts are int64_t. A node's count is its substring's occurrences, each weighted by its sequence and each ending
+ * at its own token, so it is at most the root's count (the weighted tokens: every sequence's weight * len summed),
+ * and a node's children's counts sum to at most its own; append_one counts a node before the root, by the same
+ * weight. So an append that keeps the root's count within INT64_MAX keeps every count and sum within it: 0, or -1
+ * with a ValueError where it would not. */
+static int check_count_limit(const Trie *t, const Seq *seq, Py_ssize_t n) {
+    int64_t root = t->s.nodes[ROOT].count, added, total;
+    if (!__builtin_mul_overflow(seq->weight, n, &added) && !__builtin_add_overflow(root, added, &total)) return 0;
+    PyErr_Format(PyExc_ValueError, "%zd token(s) of weight %lld would take the trie's weighted tokens (%lld) past its "
+                 "count limit INT64_MAX = 2**63 - 1", n, (long long)seq->weight, (long long)root);
+    return -1;
+}
+
+/* Append ids[0 .. n) to seq, all or none: the count limit is checked first, room for each token's max_depth nodes is
+ * reserved before it is counted, and a failed reservation (MemoryError) undoes the tokens counted before it. */
 static int append_tokens(Trie *t, Seq *seq, const int32_t *ids, Py_ssize_t n) {
     if (n == 0) return 0;
-    if (reserve_tokens(seq, n) < 0) return -1;
+    if (check_count_limit(t, seq, n) < 0 || reserve_tokens(seq, n) < 0) return -1;
     Py_ssize_t start = seq->len;
     t->version++;
     for (Py_ssize_t k = 0; k < n; k++) {

@@ -10,9 +10,9 @@ README's figure, measured by tests/test_memory.py; 64 to 128 by how full the nod
 
 `SuffixTree(max_depth)`, sequences keyed by integer ids (anything with __index__ is the int it returns); tokens are
 ints in int32's range (TypeError, OverflowError otherwise):
-- `add(seq_id, token_ids=(), weight=1)`: a new sequence; weight w counts it as w identical sequences (at the cost of
-  one). `extend(seq_id, token_ids)` appends; `extend_to(seq_id, token_ids)` appends what token_ids has beyond the
-  sequence, and returns False (appending nothing) where token_ids does not continue it (checked on the last
+- `add(seq_id, token_ids=(), weight=1)`: a new sequence; weight w (1 to 2**62) counts it as w identical sequences (at
+  the cost of one). `extend(seq_id, token_ids)` appends; `extend_to(seq_id, token_ids)` appends what token_ids has
+  beyond the sequence, and returns False (appending nothing) where token_ids does not continue it (checked on the last
   max_depth tokens); `remove(seq_id)` uncounts it and frees the nodes whose count drops to 0.
 - `match(context, max_tokens, min_token_prob)` -> (drafts, probs, match_length). match_length: the longest suffix
   of context that occurs followed by a token (at most max_depth - 1 tokens: a path of max_depth tokens has no
@@ -29,9 +29,10 @@ ints in int32's range (TypeError, OverflowError otherwise):
 
 Failures: every input is converted before the trie changes (a token's __index__ may run any code, this trie's methods
 included; extend_to raises RuntimeError where that code changed the trie), and an update that raises (a bad token,
-MemoryError) leaves the trie exactly as it was. A broken invariant found by a lookup raises RuntimeError, nothing is
-read or written out of bounds, and the trie refuses every later call. A missing build, or one compiled from other
-sources than those beside it (stale), is an ImportError naming the fix (load_extension).
+MemoryError, a ValueError where it would take num_tokens, which bounds every count, past 2**63 - 1) leaves the trie
+exactly as it was. A broken invariant found by a lookup raises RuntimeError, nothing is read or written out of
+bounds, and the trie refuses every later call. A missing build, or one compiled from other sources than those beside
+it (stale), is an ImportError naming the fix (load_extension).
 
 Costs (D = max_depth): append one token O(D) node updates (every substring ending at it); remove a sequence of
 length n O(n * D); match O(D log D) to find the tail plus O(D) per draft token. Drafting extends every running
