@@ -111,7 +111,7 @@ def available_arms(arms: list[str], vllm_python: str) -> list[str]:
         print(f"no vLLM interpreter at {vllm_python}: the vLLM arms are skipped", flush=True)
         return [a for a in arms if not a.startswith("vllm_")]
     suffix = [a for a in arms if a.startswith("vllm_suffix")]
-    check = "from rollout.vllm_backend.versions import has_suffix_decoding; raise SystemExit(not has_suffix_decoding())"
+    check = "from rollout.vllm_backend.plugin import has_suffix_decoding; raise SystemExit(not has_suffix_decoding())"
     if suffix and subprocess.run([vllm_python, "-c", check], capture_output=True, cwd=ROOT).returncode:
         print(f"{vllm_python}'s vLLM has no suffix decoding (before vLLM 0.34 it needs arctic_inference): {suffix} "
               "skipped", flush=True)

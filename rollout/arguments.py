@@ -8,14 +8,15 @@ from transformers import AutoConfig, PreTrainedModel
 from rollout.defaults import BACKENDS
 from rollout.sampling_params import SamplingParams
 from spec import SpecConfig
+from spec.drafting_host import MAX_DRAFTER_FAULTS
 from spec.checks import check_bool, check_int, check_optional_int, check_token_ids
 
 MAX_SEED = 2 ** 32 - 1  # vLLM seeds numpy's global RNG with the generator's seed, which takes 32 bits
 
 
 def check_generator_args(*, model, tokenizer, draft_model, max_num_seqs, max_model_len, device, seed, backend,
-                         vllm_kwargs, base_url=None, server_kwargs=None,
-                         speculative_config=None) -> None:
+                         vllm_kwargs, base_url=None, server_kwargs=None, speculative_config=None,
+                         max_drafter_faults=MAX_DRAFTER_FAULTS) -> None:
     """Types and ranges of RolloutGenerator's arguments (dtype and device strings are parsed by
     rollout.loading.default_device_dtype; max_model_len is checked against the model once its config is read),
     and arguments the chosen backend never reads."""
@@ -24,6 +25,11 @@ def check_generator_args(*, model, tokenizer, draft_model, max_num_seqs, max_mod
                          "process) or 'server' (a running vLLM server at base_url)")
     _check_backend_fields(backend, vllm_kwargs=vllm_kwargs, base_url=base_url,
                           server_kwargs=server_kwargs, speculative_config=speculative_config)
+    check_int("max_drafter_faults", max_drafter_faults, 0,
+              hint=" (drafter faults a call tolerates before it stops drafting; 0 makes the first one fail the call)")
+    if backend == "server" and max_drafter_faults != MAX_DRAFTER_FAULTS:
+        raise ValueError(f"max_drafter_faults={max_drafter_faults} with backend='server': a server runs the drafter "
+                         "with the limit it was started with; pass --max-drafter-faults to python -m rollout serve")
     if backend == "server" and model is None:
         return  # the server's own folders, read from it
     if model is None:

@@ -13,6 +13,8 @@ from typing import Callable, Iterable, Protocol
 import torch
 
 from rollout.arguments import as_spec_config
+from rollout.history import RolloutHistory
+from spec.drafting_host import MAX_DRAFTER_FAULTS
 from rollout.loading import default_device_dtype
 from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams
@@ -30,6 +32,7 @@ class Backend(Protocol):
     base_url: str | None  # the shared engine's address; None where is_shared is False
     target_source: object  # where the target's tokenizer and config load from: a local folder, a loaded
     # PreTrainedModel, or None (a server's folder that is not on this machine)
+    history: RolloutHistory | None  # the drafter's rollout history (rollout/history.py); None where it keeps none
 
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams, seed: int,
                  decode: Callable[[list[int]], str | None], use_tqdm: bool) -> RolloutBatch:
@@ -62,21 +65,6 @@ class Backend(Protocol):
         """Run `speculation` (from build_speculation) from the next call on."""
         ...
 
-    def save_rollout_history(self, path) -> bool:
-        """Write the drafter's rollout history (method "history") to `path`; False, writing nothing, where the
-        drafter keeps none."""
-        ...
-
-    def load_rollout_history(self, path) -> bool:
-        """Replace the drafter's rollout history with the one at `path`; False where the drafter keeps none.
-        ValueError (the history unchanged) for a file that is not a complete history for this model."""
-        ...
-
-    def add_rollout_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> bool:
-        """Add finished rollouts (checked token ids) to the drafter's rollout history, as its own finished requests
-        are; False where the drafter keeps none."""
-        ...
-
     def measure_step_times(self, prompt_ids: list[list[int]], batch_sizes: list[int], ks: list[int]):
         """The engine's step seconds by batch size and K (a spec.tuning.StepTimes), for the schedule tuner;
         prompt_ids fill the timed batches where the backend times whole steps."""
@@ -86,7 +74,7 @@ class Backend(Protocol):
 def build_backend(backend: str, model, speculative_config, *, draft_model=None, tokenizer=None, max_num_seqs: int,
                   max_model_len: int | None, device=None, dtype=None, seed: int = 0,
                   vllm_kwargs: dict | None = None, base_url: str | None = None, server_kwargs: dict | None = None,
-                  max_drafter_faults: int = 8) -> Backend:
+                  max_drafter_faults: int = MAX_DRAFTER_FAULTS) -> Backend:
     """The backend named `backend` ("embedded", "vllm", "server"), for arguments that
     rollout.arguments.check_generator_args has checked."""
     if backend == "server":
@@ -102,4 +90,4 @@ def build_backend(backend: str, model, speculative_config, *, draft_model=None, 
                                max_drafter_faults=max_drafter_faults)
     from rollout.vllm_backend import VLLMBackend
     return VLLMBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                       dtype=dtype, seed=seed, vllm_kwargs=vllm_kwargs)
+                       dtype=dtype, seed=seed, vllm_kwargs=vllm_kwargs, max_drafter_faults=max_drafter_faults)

@@ -1,9 +1,8 @@
 """The default task: rewrite the remaining sum, a long-tailed arithmetic task with a checkable answer.
 
-A problem is a sum of ``n`` one-digit operands (1 to 9). The worked solution adds the first two operands
-and rewrites the rest of the expression, one line per step, until one number remains, then states the
-answer. Every step's line is right-aligned to the question's width, so each operand still to add sits
-in the same columns as in the question::
+A problem is a sum of ``n`` one-digit operands (1 to 9). The worked solution adds the first two operands and
+rewrites the rest, one line (a *step*) per addition, until one number remains, then states the answer; each step is
+right-aligned to the question's width, so an operand still to add sits in the same columns as in the question::
 
     Q: 7+5+2+9          <- prompt (``format_prompt``)
     A:
@@ -12,21 +11,12 @@ in the same columns as in the question::
          23
     answer: 23
 
-Terms: the *operands* are the numbers of the question; a *step* is one line, the expression with its
-first two operands replaced by their sum, padded on the left with spaces to the question's width (a
-sum never has more characters than the two operands and the ``+`` it replaces). A solution of ``n``
-operands has ``n - 1`` steps of ``2 n`` characters each, so its length grows quadratically in ``n``
-(about ``2 n**2`` characters, i.e. tokens under the default character-level tokenizer). ``n`` is drawn
-from a truncated geometric distribution, ``P(n) ~ NUM_OPERANDS_DECAY ** (n - 2)`` on
-``MIN_OPERANDS..MAX_OPERANDS``, so most completions are short (median about 25 tokens with the
-end-of-sequence token) and a few are long (the 90th percentile about 4x that, the longest about 280):
-the long tail of lengths that a reinforcement-learning rollout waits on. The model decides when
-to stop, when one number remains. (The alignment makes a copied operand sit a fixed distance, one line,
-below its previous place; in a pilot without it the default-sized target had learned no copying after
-800 training steps.)
-
-``examples/train_default_pair.py`` trains the default model pair (``rollout/default_models/``) on this
-task; ``reward`` scores a completion against the question parsed back from its prompt.
+A sum never has more characters than the two operands and the ``+`` it replaces, so ``n`` operands give ``n - 1``
+steps of ``2 n`` characters, about ``2 n**2`` tokens under the default character-level tokenizer. ``n`` is drawn
+with ``P(n) ~ NUM_OPERANDS_DECAY ** (n - 2)`` on ``MIN_OPERANDS..MAX_OPERANDS``: most completions are short and a
+few long, the long tail of lengths that an RL rollout waits on. The model decides when to stop. ``reward`` scores a
+completion against the question parsed back from its prompt; ``examples/train_default_pair.py`` trains the default
+model pair (``rollout/default_models/``) on this task.
 """
 
 import random

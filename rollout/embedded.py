@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rollout.engine import Engine
+from rollout.history import DrafterHistory, keeps_history
 from rollout.loading import check_same_vocab, default_max_model_len, eos_token_ids, load_model
 from rollout.outputs import RolloutBatch, Sample, build_batch, history_stats
 from rollout.request import Request
@@ -22,6 +23,7 @@ from rollout.weights import load_weights, no_draft_model
 from spec import (BatchSizeSchedule, PositionUniforms, Proposer, RequestAcceptance, SpecConfig, SpeculationPolicy,
                   StaticPolicy, build_proposer)
 from spec.adaptive import AdaptivePolicy
+from spec.drafting_host import MAX_DRAFTER_FAULTS
 from spec.model_runner import build_runner
 
 NO_SPECULATION = BatchSizeSchedule([[1, 1, 0]], num_speculative_tokens=0)  # K = 0 at every batch size
@@ -49,10 +51,8 @@ class EmbeddedBackend:
     base_url = None
 
     def __init__(self, model, config: SpecConfig | None, *, draft_model=None, max_num_seqs: int,
-                 max_model_len: int | None, device: torch.device, dtype: torch.dtype, max_drafter_faults: int = 8):
-        if type(max_drafter_faults) is not int or max_drafter_faults < 0:
-            raise ValueError(f"max_drafter_faults={max_drafter_faults!r}: must be an integer >= 0 (drafter faults a "
-                             "call tolerates before it stops drafting; 0 makes the first one fail the call)")
+                 max_model_len: int | None, device: torch.device, dtype: torch.dtype,
+                 max_drafter_faults: int = MAX_DRAFTER_FAULTS):
         self.max_drafter_faults = max_drafter_faults
         self.device, self.dtype = device, dtype
         self.max_num_seqs = max_num_seqs
@@ -86,24 +86,13 @@ class EmbeddedBackend:
             raise ValueError(f"speculation={speculation!r}: pass what build_speculation returned")
         self.speculation = speculation
 
-    def save_rollout_history(self, path) -> bool:
-        history = getattr(self.speculation.proposer, "history", None)
-        if history is not None:
-            history.save(path)
-        return history is not None
-
-    def load_rollout_history(self, path) -> bool:
-        history = getattr(self.speculation.proposer, "history", None)
-        if history is not None:
-            history.load(path, vocab_size=self.model.config.vocab_size)
-        return history is not None
-
-    def add_rollout_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> bool:
-        proposer = self.speculation.proposer
-        if getattr(proposer, "history", None) is None:
-            return False
-        proposer.add_rollouts(prompt_ids, completion_ids)
-        return True
+    @property
+    def history(self) -> DrafterHistory | None:
+        """The running drafter's rollout history (rollout/history.py), None where it keeps none."""
+        speculation = self.speculation
+        if not keeps_history(speculation.config):
+            return None
+        return DrafterHistory(speculation.proposer, self.model.config.vocab_size)
 
     def use_schedule(self, schedule: list[list[int]]) -> None:
         """Follow `schedule` ([[start, end, K], ...]) from the next call on; the drafter drafts as many tokens as each

@@ -5,53 +5,60 @@ slot holds every committed token but the last one, so the next verification feed
 and reads k + 1 logits: position j predicts draft j + 1, the last one the bonus token. After verification the
 slot is cropped back to the invariant: rejected drafts vanish by moving the length back, nothing recomputed.
 
-How many drafts each request drafts and verifies is the speculation policy's call (spec/policy.py): the static
-per-batch-size schedule, or adaptive verification (spec/adaptive/).
+Proposing, selecting and observing are the drafting host's (spec/drafting_host.py), which vLLM's workers share: the
+speculation policy (spec/policy.py) decides how many drafts each request drafts and verifies, drafts are cut at stop
+ids, and a drafter fault costs only its step's drafts (with point proposals, seeded runs emit the very same tokens).
+Requests of the call with the same prompt token ids are one group (PromptGroups): they share a prefill.
 
 Failures. A run that raises anywhere (KeyboardInterrupt included) leaves no request behind: on its way out `run`
 frees every cache slot of the target and the drafter and drops the drafter's per-request state, the error it
-re-raises is the original one, and a cleanup that fails too is noted on it. A drafter fault (its propose raises an
-Exception or breaks the protocol) costs only that step's drafts: verification is lossless, so the tokens follow the
-target all the same (with point proposals, seeded runs emit the very same tokens). A call counts its faults, warns
-at the first, and stops drafting after max_drafter_faults. Draft token ids outside the target's vocabulary are a
-DrafterConfigError: a bug, which fails the call.
+re-raises is the original one, and a cleanup that fails too is noted on it.
 """
 
 import time
-import warnings
 from typing import Callable
 
 import torch
 
 from rollout.request import Request
 from rollout.scheduler import Scheduler, StepPlan
-from spec import (AcceptanceStats, DraftPlan, DrafterConfigError, Proposal, Proposer, Runner,
-                  SamplingTensors, SpeculationPolicy, StepInfo, StepOutcome, VerifyResult, rejection_sample)
+from spec import (AcceptanceStats, Proposal, Proposer, Runner, SamplingTensors, SpeculationPolicy, StepInfo,
+                  VerifyResult, rejection_sample)
+from spec.drafting_host import MAX_DRAFTER_FAULTS, DraftingHost, PromptGroups
 
 
 class Engine:
     """runner: the target's (spec/runner.py). vocab_size: the target's, which drafts must come from.
-    max_drafter_faults: drafter faults a run tolerates before it stops drafting (module docstring); 0: none, the first
-    fails the run. clock: seconds; every time the engine measures (a run's, each step's and its parts', which the
+    max_drafter_faults: drafter faults a run tolerates before it stops drafting (spec/drafting_host.py); 0: none, the
+    first fails the run. clock: seconds; every time the engine measures (a run's, each step's and its parts', which the
     policy is told) is read from it alone, so that a test can pass a fake one."""
 
     def __init__(self, runner: Runner, proposer: Proposer | None, policy: SpeculationPolicy,
                  k_for_batch_size: Callable[[int], int], *, max_num_seqs: int, max_model_len: int, vocab_size: int,
-                 max_drafter_faults: int = 8, clock: Callable[[], float] = time.perf_counter):
+                 max_drafter_faults: int = MAX_DRAFTER_FAULTS, clock: Callable[[], float] = time.perf_counter):
         self.runner = runner
         self.clock = clock
         self.proposer = proposer
-        self.policy = policy
+        self.host = DraftingHost(proposer, policy, vocab_size=vocab_size, verifies_draft_probs=True,
+                                 max_drafter_faults=max_drafter_faults, clock=clock)
+        self.prompt_groups = PromptGroups()
         self.scheduler = Scheduler(max_num_seqs, k_for_batch_size)
         self.max_model_len = max_model_len
-        self.vocab_size = vocab_size
-        self.max_drafter_faults = max_drafter_faults
         self.stats = AcceptanceStats()
         self.num_steps = 0
-        self.num_proposed_drafts = 0  # drafted, before the policy's select; stats.total counts the verified ones
-        self.num_drafter_faults = 0
+
+    @property
+    def num_proposed_drafts(self) -> int:
+        """Drafted, before the stop cut and the policy's select; stats.total counts the verified ones."""
+        return self.host.num_proposed_drafts
+
+    @property
+    def num_drafter_faults(self) -> int:
+        return self.host.num_faults
 
     def add(self, request: Request) -> None:
+        """Queue a request; it joins the group of the call's requests with its prompt token ids."""
+        request.group_id = self.prompt_groups.join(request.prompt_ids, request.group_id)
         self.scheduler.add(request)
 
     @property
@@ -62,13 +69,10 @@ class Engine:
         """One engine step; returns the requests it finished."""
         start = self.clock()
         requests, info, condense_seconds = self._plan()
-        plan = self.policy.draft_limits(info)
-        drafted, draft_seconds = self._timed(self._propose, requests, plan)
-        proposal = drafted.prefix(self.policy.select(info, drafted, draft_seconds))
-        (result, finished), verify_seconds = self._timed(self._verify_and_commit, requests, proposal, plan.k)
-        self.policy.observe(info, StepOutcome(proposal, result.num_accepted, drafted.num_draft_tokens,
-                                              self.clock() - start, draft_seconds, verify_seconds,
-                                              condense_seconds))
+        drafts = self.host.draft(info, lambda: [r.draft_view() for r in requests])
+        (result, finished), verify_seconds = self._timed(self._verify_and_commit, requests, drafts.verified,
+                                                         drafts.plan.k)
+        self.host.observe(drafts, result.num_accepted, self.clock() - start, verify_seconds, condense_seconds)
         return finished
 
     def run(self, on_finish: Callable[[Request], None] = lambda r: None) -> float:
@@ -76,11 +80,11 @@ class Engine:
         unless a test's). On an error, nothing of the run stays behind (module docstring)."""
         start = self.clock()
         try:
-            self.policy.begin_run()
+            self.host.begin_run()
             while self.has_unfinished:
                 for request in self.step():
                     on_finish(request)
-            self.policy.end_run()
+            self.host.end_run()
         except BaseException as error:
             self._release_all(error)
             raise
@@ -147,47 +151,6 @@ class Engine:
             request.slot, old = slot, request.slot  # request.slot always names a slot that holds its cache
             self.runner.free(old)
 
-    def _propose(self, requests: list[Request], plan: DraftPlan) -> Proposal:
-        """The drafter's proposal, validated; no drafts where it faults (module docstring)."""
-        is_off = 0 < self.max_drafter_faults <= self.num_drafter_faults
-        if self.proposer is None or not any(plan.num_drafts) or is_off:
-            return _no_drafts(len(requests))
-        try:
-            proposal = self.proposer.propose([r.draft_view() for r in requests], plan.num_drafts)
-            proposal.validate(plan.num_drafts, source=self._drafter_name(), vocab_size=self.vocab_size)
-        except DrafterConfigError:
-            raise
-        except Exception as fault:
-            if not self.max_drafter_faults:
-                raise
-            self._drafter_fault(fault)
-            return _no_drafts(len(requests))
-        self.num_proposed_drafts += sum(proposal.num_draft_tokens)
-        return self._cut_at_stop(requests, proposal)
-
-    def _drafter_fault(self, fault: Exception) -> None:
-        """Count and, the first time in a run, warn; drop the drafter's state, which the failed step may have left
-        half-done (a slot allocated and not recorded, non-finite keys), where it can."""
-        self.num_drafter_faults += 1
-        release = getattr(self.proposer, "release_all", None)
-        if release is not None:
-            release()
-        if self.num_drafter_faults == 1:
-            warnings.warn(f"the drafter {self._drafter_name()} faulted ({type(fault).__name__}: {fault}); that step "
-                          "verified no drafts and the rollout goes on (verification is lossless: only speed is "
-                          "lost); this call counts faults in stats['num_drafter_faults'] and stops drafting after "
-                          f"max_drafter_faults={self.max_drafter_faults} of them", RuntimeWarning, stacklevel=2)
-
-    def _drafter_name(self) -> str:
-        return getattr(self.proposer, "name", None) or type(self.proposer).__name__
-
-    def _cut_at_stop(self, requests: list[Request], proposal: Proposal) -> Proposal:
-        """Drop the drafts after a draft stop token: if the stop is accepted the request ends there, so
-        verifying (and counting) what follows it would be wasted."""
-        lengths = [next((j + 1 for j, t in enumerate(drafts) if t in r.stop_ids), len(drafts))
-                   for r, drafts in zip(requests, proposal.token_ids)]
-        return proposal.prefix(lengths)
-
     def _timed(self, function, *args):
         """function(*args) and the seconds it took."""
         start = self.clock()
@@ -235,6 +198,7 @@ class Engine:
         if self.proposer is not None:  # first: where it raises, the request is still running for the cleanup
             self.proposer.finish(request.draft_view())
         self.scheduler.finish(request)
+        self.prompt_groups.leave(request.prompt_ids)
         slot, request.slot = request.slot, None
         self.runner.free(slot)
 
@@ -246,10 +210,6 @@ def _cleanup(error: BaseException, function, *args) -> None:
     except BaseException as secondary:
         error.add_note(f"releasing the run's cache slots and drafter state after this error also raised "
                        f"{type(secondary).__name__}: {secondary}")
-
-
-def _no_drafts(num_reqs: int) -> Proposal:
-    return Proposal([[] for _ in range(num_reqs)], [[] for _ in range(num_reqs)])
 
 
 def _non_finite_message(logits: torch.Tensor, requests: list[Request], proposal: Proposal) -> str:

@@ -4,20 +4,23 @@ prompts, derives each call's seed, and returns samples in input order with their
 import gc
 import threading
 
-from rollout.arguments import (as_spec_config, check_call_args, check_generator_args, check_rollouts,
-                               model_vocab_size)
+from rollout.arguments import as_spec_config, check_call_args, check_generator_args, model_vocab_size
 from rollout.backend import Backend, build_backend
 from rollout.default_models import default_model_paths
+from rollout.history import GeneratorHistory
 from rollout.history_sharing import default_group, share
-from rollout.loading import load_tokenizer
+from rollout.loading import gguf_folder, load_tokenizer
 from rollout.outputs import RolloutBatch
 from rollout.prompts import to_token_ids
 from rollout.sampling_params import SamplingParams, mix_seed
 from spec import SpecConfig
+from spec.drafting_host import MAX_DRAFTER_FAULTS
 
 
 class RolloutGenerator:
-    """Rollouts from `model` (a local HF path, a loaded PreTrainedModel, or "default": the shipped target).
+    """Rollouts from `model` (a local HF path, a loaded PreTrainedModel, or "default": the shipped target). A `.gguf`
+    file given as `model` or `draft_model` is converted once to a cached HF folder that every backend reads
+    (rollout/gguf.py).
 
     speculative_config: the vLLM-style dict, its JSON string, or a SpecConfig; None = no speculation. For
     `method="draft_model"`, `draft_model` (path or loaded model) overrides the config's `model` path.
@@ -44,8 +47,9 @@ class RolloutGenerator:
         max_concurrency, probe_timeout_s; rollout/server_backend.py).
     max_drafter_faults: a drafter that raises or returns a malformed proposal costs its step's drafts, not the call
         (the tokens are the same, only slower); each call warns at its first fault, counts them
-        (stats["num_drafter_faults"]) and stops drafting after this many. 0: the first fails the call. Embedded
-        backend only.
+        (stats["num_drafter_faults"]) and stops drafting after this many, on the embedded engine and inside vLLM
+        (where a run is a busy stretch of the engine); 0: the first fails the call. A server runs the limit it was
+        started with (`rollout serve --max-drafter-faults`).
 
     One call at a time: concurrent `generate` and `load_weights` calls from several threads wait for each other.
     """
@@ -53,13 +57,16 @@ class RolloutGenerator:
     def __init__(self, model=None, *, tokenizer=None, draft_model=None, speculative_config=None,
                  max_num_seqs: int = 64, max_model_len: int | None = None, device=None, dtype=None,
                  seed: int = 0, backend: str = "embedded", vllm_kwargs: dict | None = None,
-                 base_url: str | None = None, server_kwargs: dict | None = None, max_drafter_faults: int = 8):
+                 base_url: str | None = None, server_kwargs: dict | None = None,
+                 max_drafter_faults: int = MAX_DRAFTER_FAULTS):
         if isinstance(model, str) and model == "default":
             model = default_model_paths()["target"]
         check_generator_args(model=model, tokenizer=tokenizer, draft_model=draft_model, max_num_seqs=max_num_seqs,
                              max_model_len=max_model_len, device=device, seed=seed, backend=backend,
                              vllm_kwargs=vllm_kwargs, base_url=base_url,
-                             server_kwargs=server_kwargs, speculative_config=speculative_config)
+                             server_kwargs=server_kwargs, speculative_config=speculative_config,
+                             max_drafter_faults=max_drafter_faults)
+        model, draft_model = gguf_folder(model), gguf_folder(draft_model)
         self.backend: Backend = build_backend(
             backend, model, speculative_config, draft_model=draft_model, tokenizer=tokenizer,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, device=device, dtype=dtype, seed=seed,
@@ -154,33 +161,17 @@ class RolloutGenerator:
         with self._lock:
             self.backend.use_speculation(speculation)
 
-    def save_rollout_history(self, path) -> bool:
-        """Write the drafter's rollout history (method "history": each prompt's latest rollouts) to `path`, one .npz
-        file; False, writing nothing, where the drafter keeps none, and on backend="server" (the server's workers
-        hold it, shared by its clients). SpecRolloutCallback saves it with each trainer checkpoint."""
-        with self._lock:
-            return self.backend.save_rollout_history(path)
-
-    def load_rollout_history(self, path) -> bool:
-        """Replace the drafter's rollout history with the one saved at `path`; False where the drafter keeps none.
-        ValueError, the history unchanged, for a file that is not a complete history for this model."""
-        with self._lock:
-            return self.backend.load_rollout_history(path)
-
     @property
-    def keeps_rollout_history(self) -> bool:
-        """The drafter drafts from each prompt's earlier rollouts (method "history")."""
-        return self.config is not None and self.config.method == "history"
-
-    def add_rollout_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> bool:
-        """Add finished rollouts to the drafter's rollout history (method "history"), as if this generator had rolled
-        them out: rollout i is prompt_ids[i] followed by completion_ids[i] (token ids). share_rollout_history adds
-        other processes' rollouts through it; a loop of your own can add rollouts from anywhere. ValueError, nothing
-        added, for lists of different lengths, an empty prompt, or ids outside the target's vocabulary; False where
-        the drafter keeps no history. On backend="server" each prompt's rollouts go to the server its group runs on."""
-        check_rollouts(prompt_ids, completion_ids, self.vocab_size)
-        with self._lock:
-            return self.backend.add_rollout_history(prompt_ids, completion_ids)
+    def rollout_history(self) -> GeneratorHistory | None:
+        """The drafter's rollout history (method "history": each prompt's latest rollouts), None where the drafter
+        keeps none: `add(prompt_ids, completion_ids)` rollouts from anywhere, as if this generator had rolled them
+        out (rollout i is prompt_ids[i] followed by completion_ids[i]; ValueError, nothing added, for lists of
+        different lengths, an empty prompt or ids outside the target's vocabulary), `save(path)` to one .npz file,
+        `load(path)` (ValueError, the history unchanged, for a file that is not a complete history for this model).
+        On backend="server" each prompt's rollouts live on the server its group runs on (rollout/history.py).
+        SpecRolloutCallback saves it with each trainer checkpoint and shares it between processes."""
+        history = self.backend.history
+        return None if history is None else GeneratorHistory(history, self._lock, self.vocab_size)
 
     def share_rollout_history(self, batch: RolloutBatch, group=None) -> dict:
         """Send this process's rollouts (`batch`, the last generate's) to every process of the job and add theirs to
@@ -190,7 +181,7 @@ class RolloutGenerator:
         one server, whose history every trainer process feeds). Drafts change, samples never; a failed collective
         warns and leaves the history as it was. Returns {"num_shared": rollouts added, "seconds": time spent}."""
         group = default_group() if group is None else group
-        if group is None or self.is_shared or not self.keeps_rollout_history:
+        if group is None or self.is_shared or self.rollout_history is None:
             return {"num_shared": 0, "seconds": 0.0}
         return share(self, batch, group)
 

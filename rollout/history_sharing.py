@@ -52,7 +52,7 @@ def share(generator, batch: RolloutBatch, group) -> dict:
     gathered = gather_rollouts(batch, group)
     num_shared = 0
     if gathered is not None and gathered[0]:
-        generator.add_rollout_history(*gathered)
+        generator.rollout_history.add(*gathered)
         num_shared = len(gathered[0])
     return {"num_shared": num_shared, "seconds": time.perf_counter() - start}
 

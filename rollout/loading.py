@@ -1,9 +1,12 @@
 """Loading models and tokenizers from local paths or objects, offline, with clear errors."""
 
+import os
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
+
+from rollout.gguf import convert_gguf
 
 
 def default_device_dtype(device, dtype) -> tuple[torch.device, torch.dtype]:
@@ -36,14 +39,23 @@ def _as_dtype(dtype) -> torch.dtype:
     return value
 
 
+def gguf_folder(model):
+    """`model` as the backends load it: a `.gguf` file path becomes the plain HF folder converted from it (once,
+    then cached: rollout/gguf.py), so every backend reads a folder; anything else is returned as given."""
+    if isinstance(model, (str, os.PathLike)) and os.fspath(model).endswith(".gguf"):
+        return str(convert_gguf(model))
+    return model
+
+
 def load_model(model, device: torch.device, dtype: torch.dtype, field: str) -> PreTrainedModel:
     """A loaded causal LM in eval mode: `model` itself when it is one (the runners copy it when its device or
     dtype differ), else loaded from its local folder onto `device` in `dtype`."""
     if isinstance(model, PreTrainedModel):
         return model.eval()
     if not isinstance(model, (str, Path)) or not Path(model).is_dir():
-        raise ValueError(f"{field}={model!r}: expected a local model folder or a loaded PreTrainedModel "
-                         "(nothing is downloaded; save the model with save_pretrained and pass its folder)")
+        raise ValueError(f"{field}={model!r}: expected a local model folder, a .gguf file or a loaded "
+                         "PreTrainedModel (nothing is downloaded; save the model with save_pretrained and pass its "
+                         "folder)")
     return AutoModelForCausalLM.from_pretrained(model, dtype=dtype, local_files_only=True).to(device).eval()
 
 

@@ -18,7 +18,7 @@ class RequestStatus(enum.Enum):
 @dataclass(eq=False)
 class Request:
     req_id: int  # unique for the generator's lifetime
-    group_id: int  # unique per prompt per call: the prompt's num_generations siblings share it
+    group_id: int  # shared by the live requests with the same prompt token ids (spec.drafting_host.PromptGroups)
     prompt_index: int  # position of the prompt in the call's input
     sample_index: int  # 0 .. num_generations - 1 within its prompt
     prompt_ids: list[int]

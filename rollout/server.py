@@ -1,33 +1,21 @@
-"""One vLLM OpenAI server as the server backend (server_backend.py) uses it: what it serves, its rollouts, weight
-reloads and rollout-history RPCs. No vllm import: HTTP with the standard library (server_http.py).
+"""One vLLM OpenAI server as the server backend (server_backend.py) uses it: what it serves, its rollouts and weight
+reloads, and its worker calls (vllm_backend/wire.py). No vllm import: HTTP with the standard library (server_http.py).
 
-The server: `python -m rollout serve --model FOLDER --speculative-config JSON ...` (rollout/vllm_backend/serve.py),
-or vLLM's own server started by hand with VLLM_SERVER_DEV_MODE=1 and the flags that command prints. With a key
-every request carries it; the server's gate (vllm_backend/guard.py) refuses requests without it, RPCs other than the
-ones below, and paths outside its folders. The client reads what it needs from the server: the served model, its
-folder and max_model_len from /v1/models; the speculative config, max_num_seqs, dtype, logprobs mode and the
-server's folders from /server_info (dev mode). Local copies of the folders (`model`, `draft_model`; default: the
-server's paths when they exist here) give the tokenizer, EOS ids, the HF parameter names that weight loads are
-checked against, and the drafter refresh's trainable copy.
+The server is `python -m rollout serve` (vllm_backend/serve.py), or vLLM's server started by hand with the flags
+that command prints. The client reads the served model and max_model_len from /v1/models, and the speculative
+config, max_num_seqs, dtype, logprobs mode, worker extension and folders from /server_info (dev mode, filtered by the
+gate). Local copies of the model folders (default: the server's paths when they exist here) give the tokenizer, EOS
+ids and the parameter names weight loads are checked against.
 
-Rollouts: one /v1/completions request per sample (vLLM reports per-request spec-decode metrics only for a single
-prompt with n = 1), all sent at once from a thread pool (the server batches them), token-id prompts, seed
-mix_seed(seed, i, j) for sample j of prompt i (i: the prompt's index in the caller's call), processed logprobs of the
-sampled tokens. Every sample comes back or the call raises a ServerError naming the URL and the sample: nothing is
-dropped. Acceptance records come from each response's `metrics.speculative_decoding` when the server exposes it
-(--per-request-spec-decode-metrics detailed), and the aggregate counts are their sums; without them, the
-differences of /metrics' spec-decode counters across the call, which count every client of the server. `num_steps`
-is always the latter (engine steps, shared by all clients), as are the project's drafter's counts (drafter seconds,
-history hits: `rollout_drafter_stats`).
+Rollouts: one /v1/completions request per sample (vLLM reports per-request spec-decode metrics only for n = 1), all
+sent at once; sample j of prompt i draws from mix_seed(seed, i, j). Every sample comes back or the call raises a
+ServerError naming the URL and the sample. Acceptance records come from each response's metrics where the server
+reports them, else from the differences of /metrics' counters (which count every client of the server).
 
-Weights (CPU and any server without a GPU weight-transfer engine): the backend writes a checkpoint (`write`: one
-safetensors file under `weights_dir`/<server host_port>/<target|draft>, in the server's weights_dir: on another
-machine, a shared filesystem mounted at the same path), then has the server load it in place (`reload`): the target
-with vLLM's own `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": ...}}`, the draft with
-the worker extension's `reload_draft_weights` (worker.py), then `POST /reset_prefix_cache`. vLLM's reload_weights
-keeps the given path as the model's path in its worker, so a later reload without a path would read this folder: the
-client always passes one. If the server restarts (its process start time in /metrics changes), the client loads the
-weights it last loaded again before the next call, and repeats a call during which the server restarted.
+Weights: a checkpoint written under the server's weights_dir (a shared folder on another machine), loaded in place
+by vLLM's `reload_weights` (the target) or the worker extension's `reload_draft_weights`, then the prefix cache
+dropped; a path is always passed (vLLM keeps the last one as the model's). After a server restart (its start time in
+/metrics changes) the client loads the weights it last loaded again and repeats the interrupted call.
 """
 
 import os
@@ -47,8 +35,9 @@ from rollout.outputs import Sample
 from rollout.sampling_params import SamplingParams, mix_seed
 from rollout.server_http import ServerClient, ServerError
 from rollout.vllm_backend.versions import runs_project_drafter
-from rollout.vllm_common import (CONFIG_KEY, SERVER_KEY, acceptance_record, counters_from_records, difference,
-                                 engine_counters, is_inside, make_sample)
+from rollout.vllm_backend import wire
+from rollout.vllm_backend.wire import CONFIG_KEY, SERVER_KEY, is_inside
+from rollout.vllm_common import acceptance_record, counters_from_records, difference, engine_counters, make_sample
 from spec import RequestAcceptance, SpecConfig
 from spec.config import PROTOCOL_METHODS
 
@@ -88,6 +77,8 @@ class Server:
         self.max_num_seqs = vllm_config["scheduler_config"]["max_num_seqs"]
         self.dtype = getattr(torch, vllm_config["model_config"]["dtype"].removeprefix("torch."))
         self.has_request_metrics = vllm_config["observability_config"]["per_request_spec_decode_metrics"] == "detailed"
+        self.has_extension = (vllm_config.get("parallel_config") or {}).get("worker_extension_cls") == \
+            wire.WORKER_EXTENSION  # the project's worker calls (wire.py) run there
         _check_logprobs_mode(vllm_config["model_config"]["logprobs_mode"], self.base_url)
         self.model_path = _local_copy(model, served.get("root") or served["id"], "model")
         server_draft = self.config.model if self.config is not None and self.config.method == "draft_model" else None
@@ -144,17 +135,17 @@ class Server:
     def reload(self, role: str, folder: str) -> None:
         """Have the server load the role's ("target" or "draft") weights from `folder`, then drop its prefix cache."""
         self.loaded[role] = folder  # a server that is down now loads them when it is back (_restore_after_restart)
-        method = "reload_weights" if role == "target" else "reload_draft_weights"
-        self.rpc(method, {"weights_path": folder}, f"load the {role}'s weights from {folder}")
+        call = wire.RELOAD_WEIGHTS if role == "target" else wire.RELOAD_DRAFT_WEIGHTS
+        self.rpc(call, {"weights_path": folder}, f"load the {role}'s weights from {folder}")
         if role == "target":
-            self.rpc("repack_tied_lm_head", {}, "re-pack a tied lm_head (vLLM's CPU build)", optional=True)
+            self.rpc(wire.REPACK_TIED_LM_HEAD, {}, "re-pack a tied lm_head (vLLM's CPU build)", optional=True)
         self.client.post("/reset_prefix_cache", None, f"drop the prefix cache after loading the {role}")
 
     def drafter_stats(self) -> dict | None:
         """The project's drafter's cumulative counts on the server (rank 0's), None under vLLM's own drafters."""
         if not self.uses_proposer:
             return None
-        return self.rpc("rollout_drafter_stats", {}, "the project's drafter's counts")[0]
+        return self.rpc(wire.DRAFTER_STATS, {}, "the project's drafter's counts")[0]
 
     def history_file(self) -> str:
         """A new file name in the server's history_dir (ValueError where this machine cannot read that folder)."""
@@ -165,19 +156,17 @@ class Server:
                              "filesystem) to save or load its rollout history")
         return os.path.join(folder, f"{uuid.uuid4().hex}.npz")
 
-    def rpc(self, method: str, kwargs: dict, what: str, optional: bool = False) -> list | None:
-        """POST /collective_rpc; every rank's result. A method the server lacks is an error naming the worker
-        extension, unless `optional` (then the server is one started by hand without it, where only the CPU build
-        needs it)."""
-        try:
-            answer = self.client.post("/collective_rpc", {"method": method, "kwargs": kwargs}, what)
-        except ServerError as e:
-            if "has no attribute" not in str(e):
-                raise
-            if not optional:
-                raise ServerError(f"{e}\nThe server has no {method} method: start it with python -m rollout serve, "
-                                  "or add --worker-extension-cls rollout.vllm_backend.worker.WorkerExtension") from None
-            return None
+    def rpc(self, call: wire.WorkerCall, kwargs: dict, what: str, optional: bool = False) -> list | None:
+        """POST /collective_rpc of a worker call (wire.py); every rank's result. A call of the project's worker
+        extension on a server without it (started by hand) is an error naming the extension, unless `optional`
+        (then it is skipped: only the CPU build needs it)."""
+        if not call.is_vllms and not self.has_extension:
+            if optional:
+                return None
+            raise ServerError(f"the server at {self.base_url} runs no {call.name} ({what}): it has not the project's "
+                              f"worker extension; start it with python -m rollout serve, or add "
+                              f"--worker-extension-cls {wire.WORKER_EXTENSION}")
+        answer = self.client.post("/collective_rpc", {"method": call.name, "kwargs": call.kwargs_for(**kwargs)}, what)
         return answer.get("results") if isinstance(answer, dict) else None
 
     def _body(self, prompt: list[int], params: SamplingParams, seed: int) -> dict:
@@ -224,7 +213,7 @@ class Server:
         try:
             return self.client.get("/server_info?config_format=json", "the server's engine config")
         except ServerError as e:
-            if "HTTP 404" in str(e):
+            if e.status == 404:
                 raise ServerError(f"{e}\nThe server is not in dev mode: start it with VLLM_SERVER_DEV_MODE=1 (python "
                                   "-m rollout serve sets it); the client reads the speculative config from "
                                   "/server_info and loads weights through /collective_rpc") from None

@@ -1,29 +1,23 @@
 """`RolloutGenerator(backend="server", base_url=URL or [URL, ...])`: rollouts from running vLLM OpenAI servers
-(`python -m rollout serve`), the same RolloutBatch as the other backends. Each server is a `Server` (server.py: what
-it serves, its requests, retries, reconnection and reload after a restart); this backend spreads a call over them.
+(`python -m rollout serve`), the same RolloutBatch as the other backends. Each server is a `Server` (server.py); this
+backend spreads a call over them.
 
 Routing. Each prompt's group runs on one server, `route(prompt)`: a stable hash of the prompt's token ids (blake2b of
-their int32 bytes) modulo the number of servers. A prompt's siblings then batch together, and its rollout history
-(method "history") stays on one server across calls, epochs and trainer processes, with no sharing needed; prompts
-spread over the servers as the hash does (64 prompts on 2 servers: 32 +- 4 each, one standard deviation).
+their int32 bytes) modulo the number of servers, so its siblings batch together and its rollout history stays on one
+server (server_history.py) across calls, epochs and trainer processes.
 
 Failover. With several servers, each one a call routes prompts to is probed first (GET /health within
-probe_timeout_s); a server that does not answer, or that becomes unreachable during the call after its own
-reconnection attempts, has its prompts sent to the next server in list order (wrapping around). Nothing is lost:
-the call fails only when no server is left. It warns and names the servers skipped in `stats["skipped_servers"]`;
-`stats["rows_per_server"]` counts the rows each server ran, and `spec/server_load_imbalance` (in the trainer's logs)
-is the busiest server's rows over the mean.
+probe_timeout_s); a server down, or unreachable during the call, has its prompts sent to the next in list order. The
+call fails only when no server is left; it warns and names the servers skipped (`stats["skipped_servers"]`;
+`stats["rows_per_server"]`, and `spec/server_load_imbalance`: the busiest server's rows over the mean).
 
-Weights. One checkpoint per distinct weights_dir of the servers (one in all when they share a folder), then every
-server reloads once; several trainer processes sharing the servers leave this to one writer (trainers/weight_sync.py).
-A server unreachable during a load is warned about and loads the weights when it is back (its restart is seen).
-Rollout history: `save_rollout_history` merges the servers' histories into one file (their history folders must be
-readable here); `load_rollout_history` gives that file to every server.
+Weights. One checkpoint per distinct weights_dir of the servers, then every server reloads once; several trainer
+processes sharing the servers leave this to one writer (trainers/weight_sync.py). A server unreachable during a load
+loads the weights when it is back.
 """
 
 import hashlib
 import os
-import shutil
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -32,10 +26,11 @@ import numpy as np
 
 from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams
+from rollout.history import keeps_history
 from rollout.server import Server, ServerRollouts
+from rollout.server_history import ServerHistory
 from rollout.server_http import ServerError, ServerUnreachable
 from rollout.vllm_common import VLLMCommon, vllm_batch
-from spec.proposers.history import HistoryStore
 
 
 def route(prompt_ids, num_servers: int) -> int:
@@ -79,6 +74,9 @@ class ServerBackend(VLLMCommon):
         self.target_source = self.model_path
         self.base_url = ",".join(s.base_url for s in self.servers)  # one writer per set of servers
         self.probe_timeout_s = probe_timeout_s
+        self.history = ServerHistory(self.servers, route, self.config.history_max_rollouts_per_prompt,
+                                     self.config.history_max_tokens, self._vocab_size()) \
+            if keeps_history(self.config) else None
 
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams, seed: int,
                  decode=None, use_tqdm: bool = False) -> RolloutBatch:
@@ -105,46 +103,6 @@ class ServerBackend(VLLMCommon):
     def load_draft_weights(self, named_tensors) -> int:
         """Likewise for the draft model (the worker extension's reload_draft_weights)."""
         return self._load("draft", named_tensors)
-
-    def add_rollout_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> bool:
-        """Each rollout to the history of the server its prompt routes to."""
-        if not self._keeps_history():
-            return False
-        shares: dict[int, list[int]] = {}
-        for k, prompt in enumerate(prompt_ids):
-            shares.setdefault(route(prompt, len(self.servers)), []).append(k)
-        for i, ks in shares.items():
-            self.servers[i].rpc("add_rollout_history", {"prompt_ids": [prompt_ids[k] for k in ks],
-                                                        "completion_ids": [completion_ids[k] for k in ks]},
-                                f"add {len(ks)} rollouts to the history")
-        return True
-
-    def save_rollout_history(self, path) -> bool:
-        """Every server's history, merged into one file at `path`."""
-        if not self._keeps_history():
-            return False
-        merged = HistoryStore(self.config.history_max_rollouts_per_prompt, self.config.history_max_tokens)
-        for server in self.servers:
-            part = server.history_file()
-            server.rpc("save_rollout_history", {"path": part}, f"save the rollout history to {part}")
-            merged.update(_read_history(part, merged))
-        merged.save(path)
-        return True
-
-    def load_rollout_history(self, path) -> bool:
-        """Every server loads the history at `path` (checked here first: ValueError, every server's history
-        unchanged, for a file that is not a complete history for this model)."""
-        if not self._keeps_history():
-            return False
-        HistoryStore().load(path, vocab_size=self._vocab_size())
-        for server in self.servers:
-            part = server.history_file()
-            shutil.copyfile(path, part)
-            try:
-                server.rpc("load_rollout_history", {"path": part}, f"load the rollout history from {part}")
-            finally:
-                os.remove(part)
-        return True
 
     def use_schedule(self, schedule: list[list[int]]) -> None:
         raise NotImplementedError("backend='server' runs the schedule the server was started with; restart it with "
@@ -233,9 +191,6 @@ class ServerBackend(VLLMCommon):
             warnings.warn(f"the server at {server.base_url} is unreachable: it loads the {role}'s weights when it is "
                           "back", RuntimeWarning, stacklevel=2)
 
-    def _keeps_history(self) -> bool:
-        return self.config is not None and self.config.method == "history"
-
     def _vocab_size(self) -> int | None:
         if self.model_path is None:
             return None
@@ -270,12 +225,3 @@ def _sum(dicts: list[dict]) -> dict:
                  for k, v in total.items()}
     return total
 
-
-def _read_history(path: str, like: HistoryStore) -> HistoryStore:
-    """The history at `path` (a server's, removed once read), with `like`'s bounds."""
-    store = HistoryStore(like.max_rollouts_per_prompt, like.max_tokens)
-    try:
-        store.load(path)
-    finally:
-        os.remove(path)
-    return store

@@ -20,7 +20,12 @@ _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 class ServerError(RuntimeError):
-    """A request to the server failed; the message names the URL, the request and the server's answer."""
+    """A request to the server failed; the message names the URL, the request and the server's answer. status: the
+    answer's HTTP status, None where there was no answer."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 class ServerUnreachable(ServerError):
@@ -60,7 +65,7 @@ class ServerClient:
             try:
                 return self._send(method, url, body)
             except urllib.error.HTTPError as e:
-                raise ServerError(f"{label} -> HTTP {e.code}: {_text(e)[:1000]}{_hint(e.code)}") from None
+                raise ServerError(f"{label} -> HTTP {e.code}: {_text(e)[:1000]}{_hint(e.code)}", e.code) from None
             except TimeoutError:
                 raise ServerError(f"{label}: no answer within {self.timeout_s:.0f} s (request_timeout_s); the server "
                                   "may be overloaded or stuck") from None

@@ -1,29 +1,22 @@
 """`python -m rollout tune`: derive a target/draft pair's per-batch-size schedule on this hardware and print it as
 speculative-config JSON, with the commands that accept it (accepted_by): `vllm serve --speculative-config` only for
-vLLM's own drafters; this project's (`method: "history"`, `custom_class`) run in a server that
-`python -m rollout serve` starts.
+vLLM's own drafters; this project's (`method: "history"`, `custom_class`) run in a server that `python -m rollout serve`
+starts.
 
-`--backend embedded` (default) tunes this package's engine; `--backend vllm` tunes vLLM's (`vllm.LLM` in this
-process, built with the largest K and a schedule whose K the tuner overwrites, rollout/vllm_backend/step_times.py):
-its own step costs and its own rollouts decide, so the printed schedule is for vLLM on this hardware.
+`--backend embedded` (default) tunes this package's engine; `--backend vllm` tunes vLLM's (`vllm.LLM` in this process,
+built with the largest K and a schedule whose K the tuner overwrites, rollout/step_times.py).
 
-Two steps. (1) Predict: roll out the prompts (`--prompts`, else the default task's) once at the largest K to
-measure acceptance per draft position, measure the step costs, and predict each K's speedup per batch size
-(spec/tuning.py). (2) Measure (unless
-`--predict-only`): at each batch size of a doubling grid, roll out the same prompts with every candidate K (0,
-powers of two up to the largest K, and the predicted best) as a one-range schedule on the same generator,
-interleaved, over `--repeats` prompt sets, and keep the smallest K that the fastest does not beat by `--min-gain`
-(so K = 0 unless speculation wins by that much). Between grid points the schedule switches at their geometric mean.
-The prediction is a steady-state model: it does not see a real step's per-token bookkeeping, the drafter's prefill,
-or how a closed batch drains (short completions end mid-draft, the longest ones finish alone), which is why the
-measured choice decides.
+Two steps. (1) Predict: roll out the prompts (`--prompts`, else the default task's) once at the largest K to measure
+acceptance per draft position, measure the step costs, and predict each K's speedup per batch size (spec/tuning.py).
+(2) Measure (unless `--predict-only`), which decides, as the prediction is a steady-state model: at each batch size of a
+doubling grid, roll out the same prompts with every candidate K (0, powers of two up to the largest K, and the predicted
+best) as a one-range schedule on the same generator, interleaved, over `--repeats` prompt sets, and keep the smallest K
+that the fastest does not beat by `--min-gain`. Between grid points the schedule switches at their geometric mean.
 
-A drafter that keeps rollout history (`history`) drafts from whatever the runs before left in it, and the same seed
-samples the same completions at every K: measured one K after another, each later K would draft the earlier K's
-very completions (K = 0 ran first, and K = 8 read 5.2x at batch size 1). So every comparison starts from one history
-state: each prompt set is first rolled out untimed under another seed (its earlier epoch, as an RL run revisits its
-prompts), that history is saved, and it is loaded again before each K's run (`SameHistory`); the drafter's global
-cache of other prompts' outputs, which would hold the earlier K's completions too, is off while timing.
+With a drafter that keeps rollout history (`history`), each K would draft from the completions of the Ks run before it
+(the same seed samples the same completions), so every comparison starts from one history state: each prompt set is
+first rolled out untimed under another seed (its earlier epoch), that history is saved and loaded again before each K's
+run (`SameHistory`), and the drafter's global cache of other prompts' outputs is off while timing.
 """
 
 import dataclasses
@@ -99,7 +92,7 @@ class SameHistory:
 
     def __init__(self, generator: RolloutGenerator, path: str):
         self.generator, self.path = generator, path
-        self.is_on = generator.keeps_rollout_history
+        self.is_on = generator.rollout_history is not None
 
     def revisit(self, prompts: list, num_generations: int, params: SamplingParams, k: int | None = None) -> None:
         """Roll `prompts` out once, untimed, under another seed (their earlier epoch; at K = k where given), and save
@@ -108,11 +101,11 @@ class SameHistory:
             earlier = dataclasses.replace(params, seed=mix_seed(params.seed or 0, 1))
             generator = self.generator if k is None else _use_k(self.generator, k)
             generator.generate(prompts, num_generations, earlier, use_tqdm=False)
-            self.generator.save_rollout_history(self.path)
+            self.generator.rollout_history.save(self.path)
 
     def restore(self) -> None:
         if self.is_on:
-            self.generator.load_rollout_history(self.path)
+            self.generator.rollout_history.load(self.path)
 
 
 def _generator(args, static: dict) -> RolloutGenerator:

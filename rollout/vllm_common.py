@@ -13,13 +13,13 @@ their own responses and hand them here.
 - the engine is built with its speculative config: a drafter cannot be swapped on a running engine.
 """
 
-import os
 from typing import Iterable
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from rollout.outputs import RolloutBatch, Sample, build_batch, history_stats
+from rollout.vllm_backend.wire import CONFIG_KEY  # noqa: F401  TEMPORARY: drafting.py's import, moved to wire
 from rollout.weights import no_draft_model, parameter_skeleton, stage_weights
 from spec import AcceptanceStats, RequestAcceptance, SpecConfig
 
@@ -31,14 +31,6 @@ COUNTER_NAMES = {"vllm:spec_decode_num_drafts": "num_spec_steps",
                  "vllm:spec_decode_num_accepted_tokens": "num_accepted_draft_tokens",
                  "vllm:iteration_tokens_total": "num_steps"}
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
-# this project's drafters on vLLM (spec.config.PROTOCOL_METHODS): the class vLLM 0.32-0.33's custom_class hook builds
-# (vllm_backend/proposer.py), and the key of vLLM's additional_config that holds the project's speculative config on
-# every vLLM (vllm_backend/versions.py)
-PROPOSER_CLASS = "rollout.vllm_backend.proposer.RolloutProposer"
-WORKER_EXTENSION = "rollout.vllm_backend.worker.WorkerExtension"
-CONFIG_KEY = "rollout_speculative_config"
-# where the server's /server_info holds its folders (weights_dir, history_dir) for the client (vllm_backend/guard.py)
-SERVER_KEY = "rollout_server"
 
 
 class VLLMCommon:
@@ -73,22 +65,6 @@ class VLLMCommon:
                                   "RolloutGenerator per config, or use backend='embedded' to swap drafters")
 
     use_speculation = build_speculation
-
-    def save_rollout_history(self, path) -> bool:
-        return False  # vLLM's own drafters keep their caches to themselves
-
-    load_rollout_history = save_rollout_history
-
-    def add_rollout_history(self, prompt_ids, completion_ids) -> bool:
-        return False
-
-
-def is_inside(path, folder: str | None) -> bool:
-    """Whether `path` (a non-empty string), with `..` and symlinks resolved, is `folder` or lies below it."""
-    if not folder or not isinstance(path, str) or not path or "\0" in path:
-        return False
-    resolved, root = os.path.realpath(path), os.path.realpath(folder)
-    return os.path.commonpath([resolved, root]) == root
 
 
 def require_local(path: str | None, field: str) -> str:

@@ -1,24 +1,22 @@
 """Lossless verification of ragged drafts: the reference rejection sampler (`rejection_sample_method="standard"`).
 
-Leviathan et al. 2023 (arXiv 2211.17192), Chen et al. 2023 (arXiv 2302.01318). For request r with drafts
-x_1..x_k (k = k_r, 0 allowed), target distributions p_1..p_{k+1} and draft distributions q_1..q_k:
+Leviathan et al. 2023 (arXiv 2211.17192), Chen et al. 2023 (arXiv 2302.01318). For request r with drafts x_1..x_k
+(k = k_r, 0 allowed), target distributions p_1..p_{k+1} and draft distributions q_1..q_k:
 
 - greedy request (temperature 0): accept x_j while x_j == argmax p_j; then emit argmax p at the first
   mismatch (recovered token) or argmax p_{k+1} when all match (bonus token);
 - otherwise: accept x_j with probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection emit a
   recovered token from norm(max(0, p_j - q_j)) and stop; when all k are accepted emit a bonus token from p_{k+1}.
 
-Either way the emitted tokens follow p exactly. p and q are *processed* distributions (spec/sampling.py); the
-logprob reported for each emitted token is log p at its position.
+Either way the emitted tokens follow p exactly. p and q are *processed* distributions (spec/sampling.py); the logprob
+reported for each emitted token is log p at its position.
 
-Randomness: a pair of uniforms per position, fixed by the request's output position (spec/uniforms.py). Point
-proposals (n-gram, suffix, greedy draft model: q one-hot at the draft) accept x_j with probability p_j(x_j) and
-recover from p_j without x_j; one inverse-CDF draw per position does both: it draws t_j from p_j with the position's
-token uniform, x_j is accepted iff x_j == t_j (probability p_j(x_j)), and a rejected position emits t_j, which
-given t_j != x_j follows p_j without x_j. The emitted tokens are then those of plain sampling with the same
-uniforms: seeded speculative sampling emits what seeded non-speculative sampling does, token for token, whatever
-the drafts. Probabilistic drafts test u < p/q with the position's test uniform and draw the recovered or bonus
-token with its token uniform.
+Randomness: a pair of uniforms per position, fixed by the request's output position (spec/uniforms.py). For point
+proposals (n-gram, suffix, greedy draft model: q one-hot at the draft) one inverse-CDF draw from p_j with the token
+uniform gives t_j; x_j is accepted iff x_j == t_j (probability p_j(x_j)), and a rejected position emits t_j (which then
+follows p_j without x_j): seeded speculative sampling emits what seeded plain sampling does, token for token, whatever
+the drafts. Probabilistic drafts test u < p/q with the test uniform and draw the recovered or bonus token with the token
+uniform.
 """
 
 from dataclasses import dataclass

@@ -167,17 +167,20 @@ def check_speculation_swap(subject: Subject) -> None:
 
 
 def check_history_file(subject: Subject) -> None:
-    """save_rollout_history writes a file iff it says so; load_rollout_history reads it back, says False where the
-    drafter keeps no history, and refuses a file that is not a history with a ValueError."""
+    """backend.history: None exactly where the drafter keeps no rollout history (rollout/history.py); elsewhere save
+    writes one file, load reads it back, and a file that is not a history is a ValueError."""
     backend, path = subject.backend, subject.tmp_path / "history.npz"
-    saved = backend.save_rollout_history(path)
-    assert isinstance(saved, bool) and saved == path.exists()
-    assert backend.load_rollout_history(path) is saved
-    if saved:
-        garbage = subject.tmp_path / "garbage.npz"
-        garbage.write_bytes(b"not a rollout history")
-        with pytest.raises(ValueError):
-            backend.load_rollout_history(garbage)
+    history = backend.history
+    assert (history is None) == (backend.config is None or backend.config.method != "history")
+    if history is None:
+        return
+    history.save(path)
+    assert path.exists()
+    history.load(path)
+    garbage = subject.tmp_path / "garbage.npz"
+    garbage.write_bytes(b"not a rollout history")
+    with pytest.raises(ValueError):
+        history.load(garbage)
 
 
 def check_step_times(subject: Subject) -> None:

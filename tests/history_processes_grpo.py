@@ -36,7 +36,7 @@ def main(output_dir: str) -> None:
                           processing_class=default_tokenizer(), rollout_func=rollout_func, callbacks=[callback])
     trainer.train()
     rank = trainer.accelerator.process_index
-    generator.save_rollout_history(Path(output_dir, f"history{rank}.npz"))
+    generator.rollout_history.save(Path(output_dir, f"history{rank}.npz"))
     logged = [e for e in trainer.state.log_history if "loss" in e]
     Path(output_dir, f"rank{rank}.json").write_text(json.dumps({"own_prompts": own, "logged": logged}))
 

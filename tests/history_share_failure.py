@@ -19,7 +19,7 @@ PARAMS = SamplingParams(temperature=1.0, max_tokens=12, seed=0)
 
 
 def snapshot(generator, path: Path) -> dict:
-    generator.save_rollout_history(path)
+    generator.rollout_history.save(path)
     store = HistoryStore()
     store.load(path)
     return {key.hex(): sorted((e.tokens.tolist(), e.count) for e in entries) for key, entries in store._prompts.items()}

@@ -65,13 +65,13 @@ def history_drafter(target: str, prompts: list[list[int]], greedy) -> dict:
     # another process's rollout of a new prompt, added to every rank's history: its first call drafts it whole
     new = [40, 41, 42]
     rollout = model.generate(torch.tensor([new]), max_new_tokens=greedy.max_tokens, do_sample=False)[0, 3:].tolist()
-    added = gen.add_rollout_history([new], [rollout])
+    gen.rollout_history.add([new], [rollout])
     fed = gen.generate([new], 1, greedy, use_tqdm=False)
     stats = gen.backend.llm.collective_rpc("rollout_drafter_stats")
     return {"history_greedy_equal": [[s.completion_ids for s in b.samples] == [e for e in expected for _ in range(2)]
                                      for b in batches] + [fed.samples[0].completion_ids == rollout],
             "history_mean_acceptance_length": [b.stats["mean_acceptance_length"] for b in batches + [fed]],
-            "history_added": added, "history_hit_rate": fed.stats["history_hit_rate"],
+            "history_kept": gen.rollout_history is not None, "history_hit_rate": fed.stats["history_hit_rate"],
             "history_drafts_per_rank": [s["num_draft_tokens"] for s in stats]}
 
 

@@ -171,13 +171,13 @@ def test_a_saved_history_drafts_again_after_loading(tmp_path):
     prompts = default_prompts(6, seed=6)
     trained = RolloutGenerator("default", speculative_config=HISTORY, max_num_seqs=8, max_model_len=128)
     trained.generate(prompts, 1, params, use_tqdm=False)
-    assert trained.save_rollout_history(tmp_path / "h.npz")
+    trained.rollout_history.save(tmp_path / "h.npz")
     expected = trained.generate(prompts, 1, params, use_tqdm=False).stats
     resumed = RolloutGenerator("default", speculative_config=HISTORY, max_num_seqs=8, max_model_len=128)
-    assert resumed.load_rollout_history(tmp_path / "h.npz")
+    resumed.rollout_history.load(tmp_path / "h.npz")
     stats = resumed.generate(prompts, 1, params, use_tqdm=False).stats
     # the same history, the same greedy tokens: the same drafts, accepted alike
     assert (stats["num_draft_tokens"], stats["num_accepted_draft_tokens"]) == (
         expected["num_draft_tokens"], expected["num_accepted_draft_tokens"])
     plain = RolloutGenerator("default", max_num_seqs=8, max_model_len=128)
-    assert not plain.save_rollout_history(tmp_path / "none.npz") and not (tmp_path / "none.npz").exists()
+    assert plain.rollout_history is None  # no history kept, nothing to save

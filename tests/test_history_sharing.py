@@ -1,4 +1,4 @@
-"""Rollout history from elsewhere (rollout/history_sharing.py, RolloutGenerator.add_rollout_history and
+"""Rollout history from elsewhere (rollout/history_sharing.py, RolloutGenerator.rollout_history.add and
 share_rollout_history), on one process: what a rollout added from another process does to drafts and samples, the
 checks on what is added, the packing one all-gather sends, and the hit rate. Several processes for real:
 tests/test_history_processes.py (slow stage)."""
@@ -26,7 +26,7 @@ def rolled_out():
 def test_rollouts_added_from_elsewhere_draft_the_prompts_next_time(rolled_out):
     fresh, fed = (RolloutGenerator("default", speculative_config=HISTORY, max_num_seqs=16) for _ in range(2))
     prompts = [s.prompt_ids for s in rolled_out.samples]
-    assert fed.add_rollout_history(prompts, [s.completion_ids for s in rolled_out.samples])
+    fed.rollout_history.add(prompts, [s.completion_ids for s in rolled_out.samples])
     first, second = (g.generate(prompts, 1, GREEDY, use_tqdm=False) for g in (fresh, fed))
     assert [s.completion_ids for s in second.samples] == [s.completion_ids for s in rolled_out.samples]
     assert second.stats["history_hit_rate"] == 1.0 and first.stats["history_hit_rate"] == 0.0
@@ -40,7 +40,7 @@ def test_added_history_changes_drafts_never_seeded_samples(rolled_out):
     prompts = [s.prompt_ids for s in rolled_out.samples]
     reference = RolloutGenerator("default", max_num_seqs=32).generate(prompts, 4, params, use_tqdm=False)
     fed = RolloutGenerator("default", speculative_config=HISTORY, max_num_seqs=32)
-    fed.add_rollout_history(prompts, [s.completion_ids for s in rolled_out.samples])
+    fed.rollout_history.add(prompts, [s.completion_ids for s in rolled_out.samples])
     batch = fed.generate(prompts, 4, params, use_tqdm=False)
     assert [s.completion_ids for s in batch.samples] == [s.completion_ids for s in reference.samples]
     assert batch.stats["num_accepted_draft_tokens"] > 0
@@ -56,12 +56,12 @@ def test_bad_rollouts_are_refused_and_nothing_is_added(tmp_path):
         ("56", [[7]], r"prompt_ids \(str\)"),
     ]:
         with pytest.raises(ValueError, match=message):
-            gen.add_rollout_history(prompts, completions)
-    gen.save_rollout_history(tmp_path / "h.npz")
+            gen.rollout_history.add(prompts, completions)
+    gen.rollout_history.save(tmp_path / "h.npz")
     store = HistoryStore()
     store.load(tmp_path / "h.npz")
     assert store.num_prompts == 0
-    assert RolloutGenerator("default", max_num_seqs=4).add_rollout_history([[5]], [[6]]) is False  # no history kept
+    assert RolloutGenerator("default", max_num_seqs=4).rollout_history is None  # no history kept
 
 
 def test_one_process_has_nothing_to_share(rolled_out):

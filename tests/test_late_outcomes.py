@@ -1,40 +1,61 @@
-"""Adaptive verification as vLLM's workers see it (rollout/vllm_backend/late_outcomes.py): the policy's steps built
-from the drafter's calls, outcomes judged from the tokens each request gained by the next call, step times fitted
-from the time between calls. Simulated steps; costs and acceptance are set, not measured. No vLLM needed."""
+"""Adaptive verification as vLLM's workers see it (rollout/vllm_backend/late_outcomes.py): the policy's steps drafted
+by the drafting host, outcomes judged from the tokens each request gained by the next call, step times fitted from the
+time between calls. Simulated steps; costs and acceptance are set, not measured. No vLLM needed."""
 
 import random
 
 import pytest
 
 from rollout.vllm_backend.late_outcomes import LateOutcomes
-from spec import Proposal
+from spec import DraftRequest, Proposal, StepInfo
+from spec.adaptive import AdaptivePolicy
+from spec.drafting_host import DraftingHost
 
 K = 4
 
 
+class Replay:
+    """Drafts the confidences it is given (token 3 each), as many as the host allows."""
+
+    confidences: list[list[float]] = []
+
+    def propose(self, requests, max_num_tokens) -> Proposal:
+        drafts = [conf[:cap] for conf, cap in zip(self.confidences, max_num_tokens)]
+        return Proposal([[3] * len(d) for d in drafts], drafts)
+
+
+def _adapter() -> LateOutcomes:
+    """vLLM's adaptive verification: a host with the adaptive policy, whose drafting takes no time."""
+    return LateOutcomes(DraftingHost(Replay(), AdaptivePolicy(K), vocab_size=8, verifies_draft_probs=False,
+                                     clock=lambda: 0.0))
+
+
 def _call(adapter: LateOutcomes, requests: list, confidences: list[list[float]]) -> list[int]:
     """One propose call: the policy's caps, then its cut of drafts with these confidences."""
-    caps = adapter.limits(requests, [K] * len(requests), K)
-    drafts = [conf[:cap] for conf, cap in zip(confidences, caps)]
-    return adapter.cut(Proposal([[3] * len(d) for d in drafts], drafts), 0.0)
+    adapter.host.drafter.confidences = confidences
+    step = StepInfo(requests, [1] * len(requests), [K] * len(requests), K)
+    drafts = adapter.host.draft(step, lambda: [DraftRequest(r, 0, [3], 1) for r in requests])
+    adapter.drafted(drafts)
+    return drafts.verified.num_draft_tokens
 
 
 def test_outcomes_are_judged_from_the_tokens_gained_by_the_next_call():
-    adapter = LateOutcomes(K)
+    adapter = _adapter()
+    policy = adapter.host.policy
     assert _call(adapter, ["a", "b", "c"], [[0.5] * 3, [0.5] * 2, [0.5]]) == [3, 2, 1]  # unfitted: depth K
     adapter.report({"a": 2, "b": 3}, None)  # a: 1 accepted, 1 rejected (the third unjudged); b: both; c: finished
-    assert adapter.policy.stats()["num_calibration_observations"] == 4
-    rates = [adapter.policy.calibrator.acceptance_rate(j) for j in range(2)]
+    assert policy.stats()["num_calibration_observations"] == 4
+    rates = [policy.calibrator.acceptance_rate(j) for j in range(2)]
     # position 0: 2 accepted of 2, position 1: 1 of 2, each from a prior of 4 outcomes at the rate before it
     assert rates == pytest.approx([(2 + 4 * 0.5) / 6, (1 + 4 * rates[0]) / 6])
     adapter.report({"a": 1}, 1.0)  # nothing returned since: nothing to judge
-    assert adapter.policy.costs.price(3) is None
+    assert policy.costs.price(3) is None
 
 
 def _simulate(acceptance, num_steps: int, cost, rows_at, seed: int = 0) -> list[float]:
     """Each step's verified drafts over offered, on a simulated vLLM whose step takes cost(rows, drafts) seconds;
     drafts have raw confidence 0.9 and are accepted with probability acceptance (given the ones before)."""
-    rng, adapter = random.Random(seed), LateOutcomes(K)
+    rng, adapter = random.Random(seed), _adapter()
     shares, lengths, requests, seconds = [], [], [], None
     for step in range(num_steps):
         gained = {r: next((j for j in range(n) if rng.random() >= acceptance), n) + 1

@@ -73,6 +73,23 @@ def test_importing_the_packages_does_not_import_vllm():
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
 
 
+@pytest.mark.parametrize("module", ["rollout.vllm_backend.guard", "rollout.vllm_backend.wire",
+                                    "rollout.vllm_backend.plugin"])
+def test_what_every_vllm_process_loads_imports_no_torch(module):
+    """The API server's gate, the wire module and the plugin entry point (which vLLM runs in every process it starts)
+    import the standard library and wire.py only: no torch, no transformers, no engine, no adaptive verification."""
+    code = (f"import sys, {module}; heavy = ('torch', 'transformers', 'spec', 'numpy', 'rollout.generator'); "
+            "print(sorted(m for m in sys.modules if m in heavy or m.startswith('spec.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
+
+
+def test_the_wire_names_the_projects_drafter_methods():
+    from rollout.vllm_backend.wire import DRAFTER_METHODS
+    from spec.config import PROTOCOL_METHODS
+    assert DRAFTER_METHODS == tuple(PROTOCOL_METHODS)
+
+
 OUTSIDE_ROLLOUT = sorted([*(ROOT / "trainers").rglob("*.py"), *(ROOT / "examples").rglob("*.py")])
 
 

@@ -78,6 +78,13 @@ def test_the_projects_drafter_becomes_vllms_custom_class_with_its_config_beside_
         "method": "custom_class", "model": "rollout.vllm_backend.proposer.RolloutProposer", "num_speculative_tokens": 4}
     additional = json.loads(flags["--additional-config"])
     assert additional["plugin"] == 1 and additional["rollout_speculative_config"]["history_max_tokens"] == 1000
+    assert additional["rollout_max_drafter_faults"] == 8  # the workers' fault limit (spec/drafting_host.py)
+    limited, _ = build_command(["--model", target, "--speculative-config", json.dumps(history),
+                                "--max-drafter-faults", "0"], is_cpu=True)
+    assert json.loads(_flags(limited)["--additional-config"])["rollout_max_drafter_faults"] == 0
+    with pytest.raises(ValueError, match="--max-drafter-faults=-1: must be an integer >= 0"):
+        build_command(["--model", target, "--speculative-config", json.dumps(history), "--max-drafter-faults", "-1"],
+                      is_cpu=True)
     assert args.count("--speculative-config") == 1 and not [a for a in args if a.startswith("--additional-config=")]
     config = AutoConfig.from_pretrained(target)  # no draft model's KV cache: the class is not a model folder
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4

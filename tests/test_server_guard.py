@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rollout.vllm_backend.guard import FOLDERS_ENV, RPC_METHODS, ServerGuard, api_keys, check_rpc, server_info
+from rollout.vllm_backend.guard import ServerGuard, api_keys, check_rpc, server_info
+from rollout.vllm_backend.wire import FOLDERS_ENV, SERVED
 
 KEY = "s3cret"
 
@@ -150,7 +151,7 @@ def test_server_info_holds_only_what_the_client_reads(folders):
 
 
 def test_a_server_without_folders_refuses_every_path():
-    for method, allowed in RPC_METHODS.items():
+    for method, allowed in SERVED.items():
         paths = [name for name, folder in allowed.items() if folder]
         if paths:
             refusal = check_rpc(json.dumps({"method": method, "kwargs": {p: "/tmp/x" for p in paths}}).encode(), {})

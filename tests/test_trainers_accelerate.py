@@ -1,4 +1,4 @@
-"""Two CPU processes under `accelerate launch` (the command in CONTEXT.md and the README): each process gets its own
+"""Two CPU processes under `accelerate launch` (the command in the README): each process gets its own
 prompts' rollouts back, groups split between processes are sampled independently, and metrics are gathered. (The GRPO
 example on two processes: tests/test_examples.py, the smoke stage.)"""
 

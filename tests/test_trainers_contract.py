@@ -1,4 +1,4 @@
-"""Contract tests: the TRL 1.16 / transformers 5.x / peft / accelerate behaviour that rollout/rollout_func.py and
+"""Contract tests: the TRL 1.16 / transformers 5.x / peft / accelerate behaviour that trainers/rollout_func.py and
 trainers/ rely on. A failure here means an upstream change to adapt to, before anything else breaks subtly."""
 
 import dataclasses

@@ -25,7 +25,7 @@ def _train(output_dir, generator, max_steps: int, resume=None):
 
 
 def _history(generator, path) -> dict:
-    generator.save_rollout_history(path)
+    generator.rollout_history.save(path)
     store = HistoryStore()
     store.load(path)
     return {key: [(e.tokens.tolist(), e.count) for e in entries] for key, entries in store._prompts.items()}

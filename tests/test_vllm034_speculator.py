@@ -45,11 +45,11 @@ except ImportError as e:
                 "dependencies", allow_module_level=True)
 
 from rollout.vllm_backend.speculator import RolloutSpeculator  # noqa: E402 (after vLLM 0.34 is on the path)
-from rollout.vllm_backend.versions import installed_version  # noqa: E402
+from rollout.vllm_backend.plugin import installed_version  # noqa: E402
 from spec import SpecConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-K, MAX_NUM_REQS, MAX_MODEL_LEN, VOCAB = 4, 8, 64, 100
+K, MAX_NUM_REQS, MAX_MODEL_LEN, VOCAB, EOS = 4, 8, 64, 100, 99
 PROMPT, OTHER = [5, 6, 7], [8, 9]
 OUTPUT = [10, 11, 12, 13, 14, 15, 16, 17]
 
@@ -78,7 +78,7 @@ class Runner:
     """Model Runner V2's side of the contract on CPU tensors: its request state and input batch, the writes its kernels
     make (admission, committing sampled tokens) and the calls it makes to the speculator."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, eos: int = EOS):
         self.req_states = RequestState(max_num_reqs=MAX_NUM_REQS, max_model_len=MAX_MODEL_LEN,
                                        max_num_batched_tokens=256, num_speculative_steps=K, vocab_size=VOCAB,
                                        device=torch.device("cpu"))
@@ -86,7 +86,9 @@ class Runner:
                                      speculator_config=get_custom_speculator_config_class(config["method"])(None))
         vllm_config = types.SimpleNamespace(
             speculative_config=spec, additional_config={"rollout_speculative_config": config},
-            model_config=types.SimpleNamespace(max_model_len=MAX_MODEL_LEN, get_vocab_size=lambda: VOCAB),
+            model_config=types.SimpleNamespace(max_model_len=MAX_MODEL_LEN, get_vocab_size=lambda: VOCAB,
+                                               try_get_generation_config=lambda: {"eos_token_id": [eos]},
+                                               hf_text_config=types.SimpleNamespace(eos_token_id=None)),
             scheduler_config=types.SimpleNamespace(max_num_seqs=MAX_NUM_REQS))
         self.speculator = init_speculator(vllm_config, torch.device("cpu"), self.req_states)
         self.buffers = InputBuffers(MAX_NUM_REQS, 256, torch.device("cpu"))
@@ -171,6 +173,18 @@ def test_k_is_vllms_and_tokens_accepted_in_one_step_are_read(registered):
     drafts = runner.step({"b": [OUTPUT[0]]}, k=2)
     assert drafts["b"] == [*OUTPUT[1:3], OUTPUT[0], OUTPUT[0]]
     assert runner.step({"b": OUTPUT[1:4]}, k=K)["b"] == OUTPUT[4:4 + K]  # 3 accepted + 1: all read
+
+
+def test_drafts_stop_after_the_models_eos(registered):
+    """Model Runner V2 tells a speculator no request's sampling params: drafts are cut after the model's EOS (its
+    generation config's), the rest of the row filled; the drafts proposed are counted before the cut."""
+    runner = Runner(_history(suffix_decoding_max_cached_requests=0), eos=OUTPUT[2])
+    runner.add("a", PROMPT)
+    runner.step({"a": OUTPUT})
+    runner.finish("a")
+    runner.add("b", PROMPT)
+    assert runner.step({"b": [OUTPUT[0]]})["b"] == [*OUTPUT[1:3], OUTPUT[0], OUTPUT[0]]
+    assert runner.speculator.drafting.stats["num_draft_tokens"] == K
 
 
 def test_adaptive_verification_cuts_each_request_and_marks_the_kept_drafts_for_vllm(registered):

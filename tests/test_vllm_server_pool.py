@@ -4,6 +4,7 @@ that is down has its prompts run on the other, and the call says so; a weight sy
 save as one file and load into both. Both servers run the history drafter, keyed."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from vllm_testing import Server, hf_logprobs, require_vllm
 
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts
 from rollout.server_backend import route
+from rollout.vllm_backend import wire
 from spec.proposers.history import HistoryStore
 
 pytestmark = require_vllm
@@ -81,15 +83,22 @@ def test_the_servers_histories_save_as_one_file_and_load_into_each(pool, tmp_pat
     pool.generate(prompts, 2, GREEDY, use_tqdm=False)
     # vLLM's V1 runner tells the project's proposer that a call's requests finished at the next call's first step
     pool.generate(default_prompts(8, seed=9), 1, GREEDY, use_tqdm=False)
-    assert pool.save_rollout_history(tmp_path / "job.npz")
+    pool.rollout_history.save(tmp_path / "job.npz")
     store = HistoryStore()
     store.load(tmp_path / "job.npz")
     ids = [pool.tokenizer(p)["input_ids"] for p in prompts]
     assert all(store.outputs(p) for p in ids)  # prompts of both servers in the one file
-    assert pool.load_rollout_history(tmp_path / "job.npz")
+    pool.rollout_history.load(tmp_path / "job.npz")
+    for i, server in enumerate(pool.backend.servers):  # each server loaded its own prompts' share only
+        part = server.history_file()
+        server.rpc(wire.SAVE_HISTORY, {"path": part}, "save one server's history")
+        held = HistoryStore()
+        held.load(part)
+        os.remove(part)
+        assert [bool(held.outputs(p)) for p in ids] == [route(p, len(pool.backend.servers)) == i for p in ids]
     with pytest.raises(ValueError, match="not a readable rollout history"):
         (tmp_path / "bad.npz").write_bytes(b"nope")
-        pool.load_rollout_history(tmp_path / "bad.npz")
+        pool.rollout_history.load(tmp_path / "bad.npz")
 
 
 def test_a_server_that_is_down_has_its_prompts_run_on_the_next(pool, servers, reference):

@@ -31,8 +31,8 @@ def test_tensor_parallel_2_samples_right_and_loads_weights(tmp_path):
     assert result["history_greedy_equal"] == [True, True, True]
     first, second, fed = result["history_mean_acceptance_length"]
     assert second > first + 1  # greedy siblings and a repeated call: the second call drafts from the first's outputs
-    # a rollout added to both ranks' histories (add_rollout_history): a new prompt's first call drafts it, K at a time
-    assert result["history_added"] and result["history_hit_rate"] == 1.0 and fed > 3.0
+    # a rollout added to both ranks' histories (rollout_history.add): a new prompt's first call drafts it, K at a time
+    assert result["history_kept"] and result["history_hit_rate"] == 1.0 and fed > 3.0
     drafts = result["history_drafts_per_rank"]
     assert drafts[0] == drafts[1] > 0
     assert not [n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith("vllm_dist_")]

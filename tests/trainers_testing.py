@@ -28,7 +28,7 @@ LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--
 
 def accelerate_launch(script: Path, *args: str, timeout: int = 900, env: dict[str, str] | None = None,
                       num_processes: int = 2) -> subprocess.CompletedProcess:
-    """`script args` on num_processes CPU processes (the command in CONTEXT.md and the README), tests/ and the
+    """`script args` on num_processes CPU processes (the command in the README), tests/ and the
     project on PYTHONPATH, `env` added; asserts a zero exit status, with the output's tail as the message."""
     env = {**os.environ, **(env or {}), "ACCELERATE_USE_CPU": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -1,26 +1,22 @@
-"""`SpecRolloutCallback`: a RolloutGenerator's rollouts as a trainer's rollout function, and what a trainer needs
-around them.
+"""`SpecRolloutCallback`: a RolloutGenerator as a trainer's rollout function, with what a trainer needs around it.
 
     generator = RolloutGenerator("default", speculative_config=...)
     callback = SpecRolloutCallback(generator, drafter_refresh_steps=10)
     trainer = GRPOTrainer(model=policy, rollout_func=callback.rollout_func, callbacks=[callback], ...)
 
-`rollout_func(prompts, trainer)` checks the call (rollout_func.py); then, before the rollout, the policy's weights
-are copied into the generator's target when `global_step` changed (weight_sync.py), and on the first rollout TRL's
-importance-sampling correction is switched on for the rollout logprobs if the GRPOConfig asks for it
-(importance_sampling.py). After each rollout: the acceptance metrics go into the trainer's logs (metrics.py); with
-a drafter that keeps a rollout history (method "history") on several processes, every process's rollouts reach
-every process's history (`generator.share_rollout_history`, one all-gather, after the metrics' gather has lined the
-processes up; `share_history=False` turns it off), so that a prompt drafts from all its earlier rollouts whichever
-process TRL hands it next epoch (`spec/history_hit_rate`: the share of requests whose prompt had history;
-`spec/history_share_s`: the sharing's time, logged with the next rollout's metrics); and the rollouts go into the
-drafter refresh's collection. At the end of every `drafter_refresh_steps`-th
-optimizer step the draft model is distilled toward the policy on them and loaded into the generator's drafter
-(drafter_refresh.py); the mean KL is logged with the next rollout's metrics as `spec/drafter_refresh_kl`. Trainer
-processes sharing servers (`generator.is_shared`) share their drafter: the servers' writer process (weight_sync.py)
-refreshes it on its own rollouts, and the next weight sync's barrier holds the others until it is loaded. The
-rollout history is saved with each trainer checkpoint, one file for the job, and every process (or the servers)
-restores it on resume (history_checkpoint.py).
+`rollout_func(prompts, trainer)` checks the call (rollout_func.py); before the rollout it copies the policy's weights
+into the generator's target when `global_step` changed (weight_sync.py) and, on the first rollout, switches TRL's
+importance-sampling correction on if the GRPOConfig asks (importance_sampling.py). After each rollout the acceptance
+metrics go to the trainer's logs (metrics.py); with a rollout-history drafter (method "history") on several processes
+every process's rollouts reach every process's history, whichever process a prompt goes to next
+(`generator.share_rollout_history`, one all-gather after the metrics' gather; `share_history=False` turns it off;
+`spec/history_hit_rate`: the share of requests whose prompt had history, `spec/history_share_s`: the sharing's seconds);
+and the rollouts join the drafter refresh's collection. At the end of every `drafter_refresh_steps`-th optimizer step
+the draft model is distilled toward the policy on them and loaded into the generator's drafter (drafter_refresh.py; the
+mean KL: `spec/drafter_refresh_kl`). Seconds and KL are logged with the next rollout's metrics. Trainer processes
+sharing servers (`generator.is_shared`) share their drafter: the servers' writer process (weight_sync.py) refreshes it,
+and the next weight sync's barrier holds the others until it is loaded. The rollout history is saved with each trainer
+checkpoint, one file for the job, and restored on resume (history_checkpoint.py).
 """
 
 from transformers import TrainerCallback
@@ -78,8 +74,9 @@ class SpecRolloutCallback(TrainerCallback):
         num_positions = 0 if config is None else config.num_speculative_tokens
         self.last_metrics = log_rollout_metrics(trainer, batch, num_positions, extra=self._pending)
         self._pending = {}
-        if self.share_history and self.generator.keeps_rollout_history:  # the metrics' gather has synced the processes:
-            # the share's time is its own, not a wait for the slowest rollout; it is logged with the next rollout's
+        if self.share_history and self.generator.rollout_history is not None:
+            # the metrics' gather has synced the processes: the share's time is its own, not a wait for the slowest
+            # rollout; it is logged with the next rollout's
             self._pending["spec/history_share_s"] = self.generator.share_rollout_history(batch)["seconds"]
         if self.drafter_refresh is not None and trainer.model.training:
             self.drafter_refresh.add(batch, trainer.args.temperature)

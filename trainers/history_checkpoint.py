@@ -26,11 +26,13 @@ def history_path(output_dir, global_step: int) -> Path:
 def save_history(generator: RolloutGenerator, path: Path) -> bool:
     """Write the generator's history to `path` (its folder is the checkpoint's); False where it keeps none or it
     cannot be written (a warning)."""
-    if not generator.keeps_rollout_history:
+    history = generator.rollout_history
+    if history is None:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        return generator.save_rollout_history(path)
+        history.save(path)
+        return True
     except (OSError, ValueError) as e:
         warnings.warn(f"the rollout history was not saved to {path} ({e}); a resume from this checkpoint starts with "
                       "an empty history", RuntimeWarning, stacklevel=2)
@@ -40,14 +42,15 @@ def save_history(generator: RolloutGenerator, path: Path) -> bool:
 def restore_history(generator: RolloutGenerator, path: Path, process_index: int = 0) -> None:
     """Load the generator's history from `path` (on a server backend, process 0 loads it into the servers); a
     missing or unreadable file warns and leaves it empty."""
-    if not generator.keeps_rollout_history or (generator.is_shared and process_index != 0):
+    history = generator.rollout_history
+    if history is None or (generator.is_shared and process_index != 0):
         return
     if not path.exists():
         warnings.warn(f"no rollout history at {path}: resuming with an empty history (drafts from each prompt's "
                       "earlier rollouts come back as the prompts are rolled out again)", RuntimeWarning, stacklevel=2)
         return
     try:
-        generator.load_rollout_history(path)
+        history.load(path)
     except ValueError as e:
         warnings.warn(f"the rollout history at {path} cannot be used ({e}); resuming with an empty history",
                       RuntimeWarning, stacklevel=2)

@@ -11,33 +11,33 @@ server's worker) builds its own drafter from it.
 Per step, for the rows the adapter reports:
 - a request is known by vLLM's request id; its token ids are the adapter's, read from the committed tokens this class
   lacks (`missing`); a request whose tokens vLLM rewound is finished and started afresh;
-- a request's group is its prompt (the same token ids): siblings of a GRPO group share their trie, and the history is
-  keyed by prompt anyway;
+- a request's group is its prompt (spec.drafting_host.PromptGroups, as on the embedded engine): siblings of a GRPO
+  group share their trie, and the history is keyed by prompt anyway;
 - each request's drafts are capped at the step's K (the adapter's: the schedule's on V1, vLLM's on V2) and at what
-  max_model_len leaves;
-- with `enable_adaptive_verification`, the embedded engine's policy (spec/adaptive/policy.py) plans each request's
-  drafts within its cap and cuts them to the prefix whose calibrated survival pays for its tokens; late_outcomes.py
-  reports it each step's outcome (the tokens each request gained) and time at the next call (unknown where the
-  step also prefilled or admitted a request);
-- finished requests (`finish`) go to the history and the global cache;
-- a drafter that raises drafts nothing that step (a warning, then `release_all`): vLLM would otherwise fail the
-  engine. A DrafterConfigError (a drafter that cannot work with this target) still raises, as on the embedded engine.
+  max_model_len leaves, and cut after its stop ids (the adapter's `stop_ids`);
+- the drafting host (spec/drafting_host.py, the embedded engine's) plans, validates, counts and cuts the drafts and
+  handles faults, with the same speculation policy as the embedded engine: adaptive verification
+  (spec/adaptive/policy.py) where enabled, else the static one. late_outcomes.py reports each step's outcome (the
+  tokens each request gained) and time at the next call (unknown where the step also prefilled or admitted a
+  request). vLLM verifies point proposals only: draft_probs are a DrafterConfigError;
+- a run is a stretch with requests: it begins when a request comes to none, and ends when the last one finishes; the
+  host's fault budget (max_drafter_faults, from additional_config under wire.FAULTS_KEY) is per run;
+- finished requests (`finish`) go to the history and the global cache; a finish that raises is a drafter fault.
 
 Every rank builds its own drafter and sees the same steps, so with a deterministic drafter every rank proposes the
 same drafts. The time spent here is counted (`stats`), and the backend reports it per call.
 """
 
-import logging
 import time
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from rollout.vllm_backend.late_outcomes import LateOutcomes
-from rollout.vllm_common import CONFIG_KEY
-from spec import SpecConfig
-from spec.proposers import DrafterConfigError, DraftRequest, Proposal, build_proposer
-
-logger = logging.getLogger(__name__)
+from rollout.vllm_backend.wire import CONFIG_KEY, FAULTS_KEY
+from spec import SpecConfig, StaticPolicy, StepInfo
+from spec.adaptive import AdaptivePolicy
+from spec.drafting_host import MAX_DRAFTER_FAULTS, DraftingHost, PromptGroups
+from spec.proposers import DraftRequest, build_proposer
 
 
 @dataclass
@@ -62,27 +62,43 @@ def project_config(vllm_config, source: str) -> SpecConfig:
 
 
 class RolloutDrafting:
-    """The drafter, the requests it knows and adaptive verification, for one worker (`source` names the adapter)."""
+    """The drafting host, the requests it knows and their outcomes, for one worker (`source` names the adapter).
+    stop_ids(vLLM request id): the token ids that end that request."""
 
-    def __init__(self, vllm_config, source: str):
+    def __init__(self, vllm_config, source: str, stop_ids: Callable[[str], frozenset[int]]):
         self.source = source
+        self.stop_ids = stop_ids
         self.config = project_config(vllm_config, source)
+        additional = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
+        self.max_drafter_faults = additional.get(FAULTS_KEY, MAX_DRAFTER_FAULTS)
         self.max_model_len = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_num_seqs = vllm_config.scheduler_config.max_num_seqs
-        # seconds in propose, drafts the drafter proposed (before adaptive verification's cut), drafter faults
-        self.stats = {"seconds": 0.0, "num_draft_tokens": 0, "num_faults": 0}
         self.reset()
 
     def reset(self) -> None:
-        """A fresh drafter and policy, no request known (vLLM's warm-up requests are forgotten so)."""
-        self.drafter = build_proposer(self.config, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len)
-        self.policy = LateOutcomes(self.config.num_speculative_tokens) \
-            if self.config.enable_adaptive_verification else None
+        """A fresh drafter and policy, no request known and nothing counted (vLLM's warm-up is forgotten so)."""
+        drafter = build_proposer(self.config, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len)
+        policy = AdaptivePolicy(self.config.num_speculative_tokens) if self.config.enable_adaptive_verification \
+            else StaticPolicy()
+        self.host = DraftingHost(drafter, policy, vocab_size=self.vocab_size, verifies_draft_probs=False,
+                                 max_drafter_faults=self.max_drafter_faults)
+        self.late = LateOutcomes(self.host)
+        self.seconds = 0.0  # in propose
         self._requests: dict[str, DraftRequest] = {}  # vLLM request id -> the drafter's view of it
-        self._groups: dict[tuple, list[int]] = {}  # prompt token ids -> [group id, live requests]
+        self._groups = PromptGroups()
         self._next_id = 0
         self._last_end = None  # perf_counter at the end of the last propose
+
+    @property
+    def drafter(self):
+        return self.host.drafter
+
+    @property
+    def stats(self) -> dict:
+        """Seconds in propose, drafts proposed (before the stop cut and the policy's), drafter faults."""
+        return {"seconds": self.seconds, "num_draft_tokens": self.host.num_proposed_drafts,
+                "num_faults": self.host.num_faults}
 
     def tracked_ids(self) -> set[str]:
         return set(self._requests)
@@ -105,24 +121,18 @@ class RolloutDrafting:
     def propose(self, rows: Sequence[Row], tokens: Sequence[list[int]], k: int, start: float) -> list[list[int]]:
         """Each row's drafts (none for a partial prefill), at most k; `tokens[i]`: row i's token ids from
         missing()[i] on; `start`: perf_counter when the runner called the adapter."""
-        drafted, requests, caps, is_new = [], [], [], False
-        for i, (row, new_tokens) in enumerate(zip(rows, tokens)):
-            if not row.num_new_tokens:
-                continue
-            is_new |= row.vllm_id not in self._requests
-            drafted.append(i)
-            requests.append(self._request(row, new_tokens))
-            caps.append(max(min(k, self.max_model_len - row.num_tokens - 1), 0))
-        if self.policy is not None:
-            step_seconds = None if is_new or len(drafted) < len(rows) or self._last_end is None \
-                else start - self._last_end
-            self.policy.report({r.req_id: rows[i].num_new_tokens for i, r in zip(drafted, requests)}, step_seconds)
+        drafted = [i for i, row in enumerate(rows) if row.num_new_tokens]
+        is_new = any(rows[i].vllm_id not in self._requests for i in drafted)
+        requests = [self._request(rows[i], tokens[i]) for i in drafted]
+        step_seconds = None if is_new or len(drafted) < len(rows) or self._last_end is None \
+            else start - self._last_end
+        self.late.report({r.req_id: rows[i].num_new_tokens for i, r in zip(drafted, requests)}, step_seconds)
         drafts = [[] for _ in rows]
         if requests:
-            for i, row_drafts in zip(drafted, self._draft(requests, caps, k)):
+            for i, row_drafts in zip(drafted, self._draft(requests, k)):
                 drafts[i] = row_drafts
         self._last_end = time.perf_counter()
-        self.stats["seconds"] += self._last_end - start
+        self.seconds += self._last_end - start
         return drafts
 
     def finish(self, vllm_ids: Iterable[str]) -> None:
@@ -132,65 +142,39 @@ class RolloutDrafting:
                 self._finish(vllm_id)
 
     def _request(self, row: Row, new_tokens: list[int]) -> DraftRequest:
-        """The drafter's view of a running request, its token ids brought up to row.num_tokens."""
+        """The drafter's view of a running request, its token ids brought up to row.num_tokens; the first request to
+        none begins a run."""
         request = self._requests.get(row.vllm_id)
-        if request is None:
-            prompt = new_tokens[:row.num_prompt_tokens]
-            group = self._groups.setdefault(tuple(prompt), [self._new_id(), 0])
-            group[1] += 1
-            request = DraftRequest(self._new_id(), group[0], list(new_tokens), row.num_prompt_tokens)
-            self._requests[row.vllm_id] = request
-        else:
+        if request is not None:
             request.token_ids.extend(new_tokens)
+            return request
+        if not self._requests:
+            self.host.begin_run()
+        group = self._groups.join(new_tokens[:row.num_prompt_tokens], self._new_id())
+        request = DraftRequest(self._new_id(), group, list(new_tokens), row.num_prompt_tokens,
+                               stop_ids=frozenset(self.stop_ids(row.vllm_id)))
+        self._requests[row.vllm_id] = request
         return request
 
-    def _draft(self, requests: list[DraftRequest], caps: list[int], k: int) -> list[list[int]]:
-        """Each request's drafts: the drafter's, planned and cut by adaptive verification where it is on."""
-        if self.policy is not None:
-            caps = self.policy.limits([r.req_id for r in requests], caps, k)
-        start = time.perf_counter()
-        proposal = self._propose(requests, caps)
-        self.stats["num_draft_tokens"] += sum(proposal.num_draft_tokens)
-        if self.policy is None:
-            return proposal.token_ids
-        return proposal.prefix(self.policy.cut(proposal, time.perf_counter() - start)).token_ids
-
-    def _propose(self, requests: list[DraftRequest], caps: list[int]) -> Proposal:
-        try:
-            proposal = self.drafter.propose(requests, caps)
-            proposal.validate(caps, f"drafter {self.config.method!r}", self.vocab_size)
-            if proposal.draft_probs is not None:
-                raise DrafterConfigError(f"drafter {self.config.method!r} returned draft_probs: vLLM verifies the "
-                                         "project's drafters' drafts as point proposals, which is lossless only for "
-                                         "drafts that are not sampled from them; return draft_probs=None")
-            return proposal
-        except DrafterConfigError:
-            raise
-        except Exception as e:  # a faulty step costs its drafts, not vLLM's engine
-            self.stats["num_faults"] += 1
-            logger.warning("%s: the drafter failed a step (%s: %s); that step drafts nothing and its state is "
-                           "released", self.source, type(e).__name__, e)
-            self._release()
-            return Proposal([[] for _ in requests], [[] for _ in requests])
+    def _draft(self, requests: list[DraftRequest], k: int) -> list[list[int]]:
+        """Each request's drafts, as the host plans, cuts and selects them within k and its room."""
+        caps = [max(min(k, self.max_model_len - len(r.token_ids) - 1), 0) for r in requests]
+        drafts = self.host.draft(StepInfo([r.req_id for r in requests], [1] * len(requests), caps, k),
+                                 lambda: requests)
+        self.late.drafted(drafts)
+        return drafts.verified.token_ids
 
     def _finish(self, vllm_id: str) -> None:
+        """The request leaves its group and goes to the drafter; the last one of a run ends it."""
         request = self._requests.pop(vllm_id)
-        key = tuple(request.token_ids[:request.num_prompt_tokens])
-        group = self._groups[key]
-        group[1] -= 1
-        if not group[1]:
-            del self._groups[key]
+        self._groups.leave(request.token_ids[:request.num_prompt_tokens])
         try:
-            self.drafter.finish(request)
-        except Exception as e:
-            self.stats["num_faults"] += 1
-            logger.warning("%s: the drafter failed to finish a request (%s: %s)", self.source, type(e).__name__, e)
-            self._release()
-
-    def _release(self) -> None:
-        release_all = getattr(self.drafter, "release_all", None)
-        if release_all is not None:
-            release_all()
+            self.host.drafter.finish(request)
+        except Exception as e:  # a drafter bug costs its state, not vLLM's engine
+            self.host.fault(e)
+        if not self._requests:
+            self.late.report({}, None)  # the run's last step: its requests finished, its drafts go unjudged
+            self.host.end_run()
 
     def _new_id(self) -> int:
         self._next_id += 1

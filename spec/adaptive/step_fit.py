@@ -2,43 +2,20 @@
 
 A step verifies R rows: one token per row, D further tokens (drafts, and a prompt's tokens in a step that prefills)
 and, on an engine that pads each row's attention queries to the widest row's, P padded query slots (the engine's
-`padding` rule; vLLM flattens the rows and pads none). Outside its drafter it costs
+`padding` rule; vLLM flattens the rows and pads none). Outside its drafter it costs seconds = a + c x R + b x D + w x P:
+a per step, c per row, b per further token, w per padded slot, fitted per batch size (by powers of 2: a GRPO batch
+drains from hundreds of rows to one, and the marginal costs move with the size) by least squares over that size's
+steps, older ones fading by _MEMORY a step. A size is used from _MIN_STEPS steps on; until then the nearest one that
+is. A drafter with forwards of its own (Proposal.forward_seconds) costs e + f x m a forward of m rows, fitted likewise.
 
-    seconds = a + c x R + b x D + w x P
-
-a per step (scheduling, the policy, launching the forward), c per row (its token, sampling, output handling), b per
-further token, w per padded slot (attention only: a third of a token at 8-512 rows on the 2-core CPU). The four are
-fitted per batch size (by powers of 2: a GRPO batch drains from hundreds of rows to one, and the marginal costs move
-with the size and with the contexts the rows have grown to) by least squares over that size's steps, older ones
-fading by _MEMORY a step.
-
-Prior. Where a size's steps give no view of b apart from c (every row verifying the same drafts, or none), a weak
-prior decides: a further token costs nothing, so drafts are verified and the drafter's own varying draft counts show
-what they cost. The prior the other way (b = c: a draft as dear as a row) had 512-row steps verify 0.08 drafts a row
-where static K = 4's were accepted 94% of the time: drafts priced dearly are not verified, and unverified drafts
-teach the fit nothing. Where the data stay one-sided, free drafts are verified deeper than they pay (fitted b at 8-15
-rows read a third of the 0.1 ms a draft that static K = 4 and 8 measured apart): the schedule's cap bounds that. A
-padded slot is priced as a token until the steps show it cheaper, which keeps the rows level.
-
-Reading. 0 <= w <= b <= (a + c R) / R: a padded slot costs no more than a token, and a token no more than a row does
-on average (noise from other processes had fitted 4 ms a draft at 64 rows, where a row costs 0.4). At R rows a step
-costs the fit's at its steps' mean rows plus c for each row more (or less), c held between 0 and that cost per row;
-where the steps all had the same rows (a and c then apart only by the prior) the cost per row is that cost's share (a
-4-row fit had read -0.12 + 0.041 R). A size is used from _MIN_STEPS steps on; until then the nearest size that is.
-
-Optimism. b and w are read one standard error below their fit (a lower confidence bound). A size whose few or noisy
-steps fitted drafts dearer than they are would otherwise verify none there again, and so learn nothing more: on 64x8
-(one call an epoch, a dozen 512-row steps each) the 512-row fit had read 0.15 ms a draft where static K = 4's steps
-showed 0.10, and no later 512-row step, in any later epoch, verified the drafts that K = 4 had accepted 95% of the
-time. Once the steps pin b down, the bound is the fit.
-
-Stalls. Once a size is used, each of its steps counts at most as if it took _MAX_RATIO times what it could cost
-(every further token and padded slot as dear as a row) and at least 1/_MAX_RATIO of the prediction. Clipped to
-_MAX_RATIO times the prediction instead, the steps that showed drafts dear after the prior had priced them free were
-cut down to it, and the fit hardly moved.
-
-A drafter with forwards of its own (the draft model: Proposal.forward_seconds) costs e + f x m seconds a forward of
-m rows, fitted likewise over all sizes.
+Prior: where a size's steps cannot tell b from c, a further token costs nothing, so drafts are verified and show what
+they cost (priced dearly they would go unverified and teach the fit nothing; the schedule's cap bounds how deep free
+drafts go); a padded slot costs a token. Reading: 0 <= w <= b <= (a + c R) / R; at R rows a step costs the fit's at its
+steps' mean rows plus c for each row more (or less), c held between 0 and that cost over the mean rows (and equal to it
+where the steps all had the same rows). Optimism: b and w are read one standard error below their fit, or a size whose
+few steps priced drafts too dear would verify none there again and learn nothing more. Stalls: once a size is used, a
+step counts as at most _MAX_RATIO times what it could cost (every token and slot as dear as a row), at least
+1/_MAX_RATIO of the prediction.
 """
 
 from dataclasses import dataclass

@@ -114,7 +114,7 @@ class Proposer(Protocol):
     """What the engine calls. `max_num_tokens[i]` caps the drafts of requests[i] this step (0 allowed).
 
     Faults. A propose that raises an Exception or returns a proposal that breaks the protocol costs the step its
-    drafts, not the call (rollout/engine.py); a drafter whose state a failed step may have left half-done offers
+    drafts, not the call (spec/drafting_host.py); a drafter whose state a failed step may have left half-done offers
     `release_all()`, which the engine calls then (and after a failed call) to drop every request's state: the next
     propose starts them afresh. Drafters without it are told `finish` for each request of a failed call."""
 

@@ -1,15 +1,15 @@
 """Rollout history: per prompt, the outputs of its recent rollouts, as compact token arrays.
 
-RL revisits its prompts: a GRPO group samples one prompt G times, and every epoch over a fixed dataset comes back to
-it. A prompt's earlier rollouts are the best drafts for its next ones (SPEC-RL, DAS, RhymeRL), however far the policy
-has moved since: verification keeps the samples on-policy whatever the drafts, so history survives weight syncs and
-drafter refreshes, and only its acceptance fades as the policy drifts.
+RL revisits its prompts: a GRPO group samples one prompt G times, and every epoch over a fixed dataset comes back to it.
+A prompt's earlier rollouts are the best drafts for its next ones (SPEC-RL, DAS, RhymeRL), however far the policy has
+moved since: verification keeps the samples on-policy whatever the drafts, so history survives weight syncs and drafter
+refreshes, and only its acceptance fades as the policy drifts.
 
-The store keeps, per prompt (keyed by its token ids), the last `max_rollouts_per_prompt` outputs, each one int32
-array: 4.4 bytes a stored rollout token in all (the README's measured figure, at 500-token outputs: 4 of id, the rest
-each output's bookkeeping); identical outputs of a prompt, common in RL, are kept once with a count. Its memory is bounded by `max_tokens` tokens over all prompts: past it, the least recently used
-prompts (read or written) are evicted first. Tries are built from it only while a prompt's group runs
-(spec/proposers/suffix.py).
+The store keeps, per prompt (keyed by its token ids), the last `max_rollouts_per_prompt` outputs, each one int32 array:
+4.4 bytes a stored rollout token in all (the README's measured figure, at 500-token outputs: 4 of id, the rest each
+output's bookkeeping); identical outputs of a prompt, common in RL, are kept once with a count. Its memory is bounded by
+`max_tokens` tokens over all prompts: past it, the least recently used prompts (read or written) are evicted first.
+Tries are built from it only while a prompt's group runs (spec/proposers/suffix.py).
 
 `save` and `load` write and read the whole store as one .npz file (the trainer callback checkpoints it with the
 trainer); `load` refuses a file written for another vocabulary.
@@ -95,6 +95,16 @@ class HistoryStore:
             for entry in entries:
                 for _ in range(entry.count):
                     self.add(prompt, entry.tokens)
+
+    def subset(self, keep) -> "HistoryStore":
+        """A store with this one's bounds that holds the prompts for which keep(prompt token ids) is true, with their
+        outputs and recency: what one server of a pool loads."""
+        part = HistoryStore(self.max_rollouts_per_prompt, self.max_tokens)
+        for key, entries in self._prompts.items():
+            if keep(np.frombuffer(key, dtype=np.int32).tolist()):
+                part._prompts[key] = [HistoryEntry(e.tokens, e.count) for e in entries]
+                part.num_tokens += sum(len(e.tokens) for e in entries)
+        return part
 
     def _trim_window(self, entries: list[HistoryEntry]) -> None:
         """Drop the oldest rollouts until at most max_rollouts_per_prompt remain."""

@@ -2,22 +2,20 @@
 the rollout-history drafter (`method: "history"`) built on it.
 
 Two sources of drafts, both count-annotated suffix tries (spec/proposers/suffix_tree.py):
-- a group trie per prompt (request.group_id): each request of the group is one sequence there (its prompt and
-  committed output), brought up to date at every propose(). A request matches its own prompt and output and the
-  outputs of its sibling completions, including siblings that already finished. With a rollout history
-  (spec/proposers/history.py), the trie also holds the prompt's earlier rollouts (prompt + output, each distinct
-  output once, weighted by how many rollouts produced it), inserted when the group's first request is seen; every
+- a group trie per prompt (request.group_id), one sequence per request of the group (its prompt and committed
+  output, brought up to date at every propose()): a request matches its own tokens and its siblings', finished ones
+  included. With a rollout history (spec/proposers/history.py) it also holds the prompt's earlier rollouts (prompt +
+  output, each distinct output once, weighted by its count), inserted when the group's first request is seen; every
   finished output goes to the history. Freed when the group's last member finishes.
-- a global trie of the outputs of the last finished requests, at most max_cached_requests of them holding at most
-  max_cached_tokens tokens (both bounds apply: requests alone do not bound memory), evicted oldest first. An
-  output longer than max_cached_tokens is not cached.
+- a global trie of the last finished requests' outputs, at most max_cached_requests of them and max_cached_tokens
+  tokens (both bounds apply), evicted oldest first; an output longer than max_cached_tokens is not cached.
 
 Per request, with k = max_num_tokens[i]: each trie speculates from the longest suffix of token_ids it holds
-(match_length), capped at min(k, ceil(max_spec_factor * match_length)) drafts. The proposal with the higher score
-(sum of the conditional frequencies of its drafts in their trie) wins; ties go to the group trie. confidence[j] is
-draft j's frequency times n / (n + MATCH_EVIDENCE), n the match length: a frequency alone cannot tell a prompt's
-earlier rollout, matched over the whole prompt, from a continuation seen once after the same two tokens elsewhere
-in the prompt, and adaptive verification calibrates confidences by value (spec/adaptive/calibration.py).
+(match_length), capped at min(k, ceil(max_spec_factor * match_length)) drafts; the proposal with the higher score
+(sum of its drafts' conditional frequencies in their trie) wins, ties to the group trie. confidence[j] is draft j's
+frequency times n / (n + MATCH_EVIDENCE), n the match length: a frequency alone cannot tell a prompt's earlier
+rollout, matched over the whole prompt, from a continuation seen once after the same two tokens, and adaptive
+verification calibrates confidences by value (spec/adaptive/calibration.py).
 """
 
 import itertools
