@@ -2,10 +2,11 @@
 `build_backend`, which builds one.
 
 The generator tokenises prompts, derives each call's seed and decodes; a backend turns token-id prompts into samples.
-Backends: the embedded engine (rollout/embedded.py), vLLM in this process (rollout/vllm_backend/) and running
-vLLM servers (rollout/server_backend.py). Weight updates are atomic: every name, shape and dtype is checked before
-anything is written, so a bad or failing source leaves the previous weights in place. Where a backend cannot do
-what a method asks (the server cannot change its schedule), it raises NotImplementedError saying what to do instead.
+Backends: the embedded engine (rollout/embedded_backend/backend.py), vLLM in this process (rollout/vllm_backend/) and
+running vLLM servers (rollout/server_backend/backend.py). Weight updates are atomic: every name, shape and dtype is
+checked before anything is written, so a bad or failing source leaves the previous weights in place. Where a backend
+cannot do what a method asks (the server cannot change its schedule), it raises NotImplementedError saying what to do
+instead.
 """
 
 from typing import Callable, Iterable, Protocol
@@ -14,11 +15,11 @@ import torch
 
 from rollout.arguments import as_spec_config
 from rollout.history import RolloutHistory
-from spec.drafting_host import MAX_DRAFTER_FAULTS
 from rollout.loading import default_device_dtype
 from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams
 from spec import SpecConfig
+from spec.drafting_host import MAX_DRAFTER_FAULTS
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
@@ -78,12 +79,12 @@ def build_backend(backend: str, model, speculative_config, *, draft_model=None, 
     """The backend named `backend` ("embedded", "vllm", "server"), for arguments that
     rollout.arguments.check_generator_args has checked."""
     if backend == "server":
-        from rollout.server_backend import ServerBackend
+        from rollout.server_backend.backend import ServerBackend
         return ServerBackend(base_url, model=model, draft_model=draft_model, tokenizer=tokenizer,
                              **(server_kwargs or {}))
     config = as_spec_config(speculative_config, draft_model)  # a bad config fails before any loading
     if backend == "embedded":
-        from rollout.embedded import EmbeddedBackend
+        from rollout.embedded_backend.backend import EmbeddedBackend
         device, dtype = default_device_dtype(device, dtype)
         return EmbeddedBackend(model, config, draft_model=draft_model, max_num_seqs=max_num_seqs,
                                max_model_len=max_model_len, device=device, dtype=dtype,

@@ -31,11 +31,11 @@ class RolloutGenerator:
         DEFAULT_MAX_MODEL_LEN: the KV cache is allocated up front for max_num_seqs x max_model_len positions).
     seed: base seed, an integer in [0, 2**32); call i of `generate` draws from seeds derived from (seed, i, prompt,
         sample).
-    Every argument is checked before anything loads (rollout/arguments.py): a ValueError names it, its value and
-    the fix; prompt and stop token ids are checked against the target's vocabulary at each call.
-    backend: "embedded" (this package's engine, rollout/embedded.py), "vllm" (`vllm.LLM` in this process,
+    Every argument is checked before anything loads (rollout/arguments.py): a ValueError names it, its value and the
+    fix; prompt and stop token ids are checked against the target's vocabulary at each call. backend: "embedded" (this
+    package's engine, rollout/embedded_backend/backend.py), "vllm" (`vllm.LLM` in this process,
         rollout/vllm_backend/: it loads `model` and the drafter from their folders; device is vLLM's choice) or
-        "server" (running vLLM OpenAI servers at `base_url`, rollout/server_backend.py).
+        "server" (running vLLM OpenAI servers at `base_url`, rollout/server_backend/backend.py).
     vllm_kwargs: extra `vllm.LLM` arguments for backend="vllm" (tensor_parallel_size, gpu_memory_utilization, ...).
     base_url: the server's URL for backend="server", e.g. "http://127.0.0.1:8000", or a list of servers' URLs: each
         prompt's group then runs on one of them, chosen by a stable hash of its token ids, and on the next one in
@@ -44,7 +44,7 @@ class RolloutGenerator:
         of its folders (default: the server's own paths, when they exist on this machine), used for the tokenizer,
         EOS ids, weight checks and drafter refresh.
     server_kwargs: ServerBackend options for backend="server" (api_key, weights_dir, request_timeout_s, reconnect_s,
-        max_concurrency, probe_timeout_s; rollout/server_backend.py).
+        max_concurrency, probe_timeout_s; rollout/server_backend/backend.py).
     max_drafter_faults: a drafter that raises or returns a malformed proposal costs its step's drafts, not the call
         (the tokens are the same, only slower); each call warns at its first fault, counts them
         (stats["num_drafter_faults"]) and stops drafting after this many, on the embedded engine and inside vLLM

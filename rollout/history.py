@@ -4,7 +4,7 @@ is None (`keeps_history`, the one predicate). One implementation per place the h
 
     DrafterHistory   a drafter in this process: the embedded engine's, and each vLLM worker rank's (worker.py)
     WorkerHistory    vLLM's workers, from the in-process backend (vllm_backend/inprocess.py)
-    ServerHistory    a pool of servers, each holding its own prompts' share (server_history.py)
+    ServerHistory    a pool of servers, each holding its own prompts' share (server_backend/history.py)
 
 `RolloutGenerator.rollout_history` hands users a GeneratorHistory over its backend's: rollouts are checked before any
 is added, and each method waits for a running call.

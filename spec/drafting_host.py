@@ -1,4 +1,5 @@
-"""The drafting host: what an engine does around its drafter, one code for the embedded engine (rollout/engine.py) and
+"""The drafting host: what an engine does around its drafter, one code for the embedded engine
+(rollout/embedded_backend/engine.py) and
 vLLM's workers (rollout/vllm_backend/drafting.py).
 
 Each step, `draft(step, views)`:

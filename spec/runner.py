@@ -1,7 +1,7 @@
-"""The model-runner protocol: what the engine (rollout/engine.py), the draft-model drafter
-(spec/proposers/draft_model.py) and the embedded backend (rollout/embedded.py, which hands adaptive verification
-`padded_queries`) call on a runner. `RaggedRunner` (spec/model_runner.py, Llama-family models) and `PaddedRunner`
-(spec/padded_runner.py, any causal LM) implement it; `build_runner` picks one.
+"""The model-runner protocol: what the engine (rollout/embedded_backend/engine.py), the draft-model drafter
+(spec/proposers/draft_model.py) and the embedded backend (rollout/embedded_backend/backend.py, which hands adaptive
+verification `padded_queries`) call on a runner. `RaggedRunner` (spec/model_runner.py, Llama-family models) and
+`PaddedRunner` (spec/padded_runner.py, any causal LM) implement it; `build_runner` picks one.
 
 A runner owns max_num_seqs cache *slots*, each holding the cached context of one sequence: positions
 0 .. seq_len(slot) - 1. A forward appends each row's new tokens at positions seq_len(slot) ..; rolling back rejected

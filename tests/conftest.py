@@ -54,9 +54,9 @@ def engine_clock(monkeypatch):
     """A FakeClock that is the clock of every engine the embedded backend builds during the test."""
     import functools
 
-    from rollout import embedded
-    from rollout.engine import Engine
+    from rollout.embedded_backend import backend
+    from rollout.embedded_backend.engine import Engine
 
     clock = FakeClock()
-    monkeypatch.setattr(embedded, "Engine", functools.partial(Engine, clock=clock))
+    monkeypatch.setattr(backend, "Engine", functools.partial(Engine, clock=clock))
     return clock

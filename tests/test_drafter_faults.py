@@ -1,4 +1,5 @@
-"""Drafter faults degrade, target faults fail (rollout/engine.py, Failures): a drafter that raises or proposes
+"""Drafter faults degrade, target faults fail (rollout/embedded_backend/engine.py, Failures): a drafter that raises or
+proposes
 something malformed costs its step's drafts, the completions stay those of plain decoding, and the call counts,
 warns once, and stops drafting after max_drafter_faults; a drafter proposing ids outside the vocabulary is a bug."""
 

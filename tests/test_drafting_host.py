@@ -1,17 +1,17 @@
 """One drafting host (spec/drafting_host.py) for both engines: the same drafter, fed the same steps through the host the
-embedded engine builds (rollout/engine.py, given the views Engine.step passes) and through vLLM's workers' drafting
-(rollout/vllm_backend/drafting.py, given the rows its adapters pass, built from a stand-in vllm_config: no vLLM
-needed), cuts each request's drafts after its stop ids, counts the same drafts and faults, warns once, stops after
-the same max_drafter_faults, groups requests by prompt alike, and refuses the same proposals. draft_probs differ by
-the host's one setting: the embedded engine verifies them, vLLM's workers refuse them."""
+embedded engine builds (rollout/embedded_backend/engine.py, given the views Engine.step passes) and through vLLM's
+workers' drafting (rollout/vllm_backend/drafting.py, given the rows its adapters pass, built from a stand-in
+vllm_config: no vLLM needed), cuts each request's drafts after its stop ids, counts the same drafts and faults, warns
+once, stops after the same max_drafter_faults, groups requests by prompt alike, and refuses the same proposals.
+draft_probs differ by the host's one setting: the embedded engine verifies them, vLLM's workers refuse them."""
 
 import types
 
 import pytest
 import torch
 
-from rollout.engine import Engine
-from rollout.request import Request
+from rollout.embedded_backend.engine import Engine
+from rollout.embedded_backend.request import Request
 from rollout.sampling_params import SamplingParams
 from rollout.vllm_backend.drafting import RolloutDrafting, Row
 from rollout.vllm_backend.wire import CONFIG_KEY, FAULTS_KEY

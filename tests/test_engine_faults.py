@@ -1,4 +1,5 @@
-"""A failed call leaves the generator as it was (rollout/engine.py, Failures): whatever raises inside `generate`, at
+"""A failed call leaves the generator as it was (rollout/embedded_backend/engine.py, Failures): whatever raises inside
+`generate`, at
 any stage of a step, every cache slot of the target and of the draft model is free afterwards, the drafter holds no
 request's state, the error seen is the original one, and the next call's greedy completions are a fresh generator's."""
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from conftest import tiny_llama
 
-import rollout.engine
+import rollout.embedded_backend.engine
 from rollout import RolloutGenerator, SamplingParams
 
 PROMPTS = [[3, 4], [9], [10, 11, 12, 13, 14, 10], [5, 6, 7, 5, 6, 7, 5]]  # the longest completions last
@@ -60,7 +61,7 @@ DRAFTER_STAGES = {("drafter", "propose"), ("draft_runner", "allocate"), ("draft_
 def _owners(generator) -> dict:
     backend = generator.backend
     return {"target": backend.runner, "drafter": backend.speculation.proposer, "draft_runner": backend.speculation.proposer.runner,
-            "policy": backend.speculation.policy, "engine": rollout.engine.Engine, "engine_module": rollout.engine}
+            "policy": backend.speculation.policy, "engine": rollout.embedded_backend.engine.Engine, "engine_module": rollout.embedded_backend.engine}
 
 
 def _patch(monkeypatch, generator, stages, tripwire: Tripwire) -> None:

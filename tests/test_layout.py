@@ -67,7 +67,7 @@ def test_no_file_outgrows_400_lines(path):
 
 def test_importing_the_packages_does_not_import_vllm():
     """vllm is imported lazily: only building a vLLM engine or running `rollout serve` imports it."""
-    code = ("import sys, rollout, rollout.server_backend, rollout.vllm_backend, rollout.vllm_backend.serve; "
+    code = ("import sys, rollout, rollout.server_backend.backend, rollout.vllm_backend, rollout.vllm_backend.serve; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]

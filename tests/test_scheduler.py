@@ -1,8 +1,8 @@
 import torch
 
-from rollout.request import Request, RequestStatus
+from rollout.embedded_backend.request import Request, RequestStatus
+from rollout.embedded_backend.scheduler import Scheduler
 from rollout.sampling_params import SamplingParams
-from rollout.scheduler import Scheduler
 from spec import PositionUniforms, RequestAcceptance, SpecConfig
 
 

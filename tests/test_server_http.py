@@ -1,4 +1,4 @@
-"""The server client's HTTP layer (rollout/server_http.py) against a real HTTP server on 127.0.0.1 (the standard
+"""The server client's HTTP layer (rollout/server_backend/http.py) against a real HTTP server on 127.0.0.1 (the standard
 library's): a server that comes up late is found again, errors name the URL and the request, /metrics is parsed."""
 
 import json
@@ -7,9 +7,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-
-from rollout.server_http import ServerClient, ServerError
 from vllm_testing import free_port
+
+from rollout.server_backend.http import ServerClient, ServerError
 
 METRICS = """# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
 # TYPE vllm:spec_decode_num_draft_tokens_total counter

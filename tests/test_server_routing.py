@@ -1,4 +1,4 @@
-"""The server backend's routing (rollout/server_backend.py, `route`): the server a prompt runs on is a function of
+"""The server backend's routing (rollout/server_backend/backend.py, `route`): the server a prompt runs on is a function of
 its token ids alone, the same in every process and run, and spreads prompts evenly; and the checks on base_url."""
 
 import os
@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from rollout.server_backend import _urls, route
+from rollout.server_backend.backend import _urls, route
 
 
 def test_a_prompt_routes_to_the_same_server_in_every_process():
     prompts = [[1, 20, 17, 18], [1, 20, 17, 9, 9], [5]]
     here = [route(p, 3) for p in prompts]
-    code = f"from rollout.server_backend import route; print([route(p, 3) for p in {prompts!r}])"
+    code = f"from rollout.server_backend.backend import route; print([route(p, 3) for p in {prompts!r}])"
     # Python's own bytes hashing is salted per process (this one's seed is random): routing must not use it
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONHASHSEED": "123"})

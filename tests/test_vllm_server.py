@@ -13,12 +13,12 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 from trainers_testing import accelerate_launch
+from transformers import AutoModelForCausalLM
 from vllm_testing import ROOT, Server, hf_logprobs, require_vllm
 
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts
-from rollout.server_http import ServerError
+from rollout.server_backend.http import ServerError
 
 pytestmark = require_vllm
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)

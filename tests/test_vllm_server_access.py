@@ -21,7 +21,7 @@ import pytest
 from vllm_testing import Server, require_vllm
 
 from rollout import RolloutGenerator
-from rollout.server_http import ServerError
+from rollout.server_backend.http import ServerError
 from rollout.vllm_backend.serve import build_command
 
 pytestmark = require_vllm
@@ -66,8 +66,8 @@ def send_raw(server, path: str, method: str = "GET", body: dict | None = None, k
 
 def build_server_app(server, monkeypatch):
     """vLLM's own build_app on the argv and environment `rollout serve` ran (the gate among its middleware)."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     args, env = build_command(server.args, is_cpu=True)
     for name, value in env.items():

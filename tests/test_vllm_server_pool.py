@@ -1,4 +1,4 @@
-"""backend="server" with two servers (`base_url=[a, b]`, rollout/server_backend.py): each prompt's group runs on the
+"""backend="server" with two servers (`base_url=[a, b]`, rollout/server_backend/backend.py): each prompt's group runs on the
 server its token ids hash to, every sample comes back in order and equals the embedded engine's (greedy); a server
 that is down has its prompts run on the other, and the call says so; a weight sync reaches both; the two histories
 save as one file and load into both. Both servers run the history drafter, keyed."""
@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from vllm_testing import Server, hf_logprobs, require_vllm
 
 from rollout import RolloutGenerator, SamplingParams, default_model_paths, default_prompts
-from rollout.server_backend import route
+from rollout.server_backend.backend import route
 from rollout.vllm_backend import wire
 from spec.proposers.history import HistoryStore
 

@@ -7,8 +7,8 @@ import inspect
 
 import pytest
 
-from rollout.server import Server
-from rollout.server_http import ServerError
+from rollout.server_backend.client import Server
+from rollout.server_backend.http import ServerError
 from rollout.vllm_backend import wire
 from rollout.vllm_backend.guard import check_rpc
 

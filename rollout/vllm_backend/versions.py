@@ -39,7 +39,8 @@ class V1CustomClass:
 
     def speculative_config(self, config: SpecConfig) -> dict:
         """vLLM's speculative_config for a DRAFTER_METHODS config: the custom_class hook building the proposer."""
-        return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": config.num_speculative_tokens}
+        k = config.num_speculative_tokens
+        return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": k}
 
     def server_imports(self, config: SpecConfig) -> list[str]:
         """The class paths a server's processes import for `config`, for the launcher to import first."""

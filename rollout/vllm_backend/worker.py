@@ -1,4 +1,4 @@
-"""The worker extension vLLM loads in its worker processes: `worker_extension_cls=WORKER_EXTENSION` (vllm_common.py)
+"""The worker extension vLLM loads in its worker processes: `worker_extension_cls=WORKER_EXTENSION` (wire.py)
 for `vllm.LLM`, `--worker-extension-cls rollout.vllm_backend.worker.WorkerExtension` for a server (`python -m
 rollout serve` adds it).
 
@@ -10,12 +10,12 @@ installed). vLLM then mixes the class into its worker class, so its methods are 
 `llm.collective_rpc(name, kwargs=...)` and from a dev-mode server's `POST /collective_rpc {"method": name, "kwargs":
 {...}}`, on every TP rank. The project's drafter is found in either runner by one helper (`_rollout_proposer`).
 
-The extension is also where the project's drafter meets the worker: vLLM sets `self.model_runner` when the worker
-builds its runner (the runner builds the drafter), and the extension's `model_runner` property hands that runner to
-the custom_class proposer (versions.V1CustomClass.attach_runner: vLLM 0.32-0.33), which reads each step's request ids from it. A
-vLLM whose runner lacks what the proposer reads fails there, at start-up, naming the supported versions. (vLLM
-refuses an extension whose attributes its worker class already has, and sets model_runner per instance: the
-property stands.)
+The extension is also where the project's drafter meets the worker: vLLM sets `self.model_runner` when the worker builds
+its runner (the runner builds the drafter), and the extension's `model_runner` property hands that runner to the
+custom_class proposer (versions.V1CustomClass.attach_runner: vLLM 0.32-0.33), which reads each step's request ids from
+it. A vLLM whose runner lacks what the proposer reads fails there, at start-up, naming the supported versions. (vLLM
+refuses an extension whose attributes its worker class already has, and sets model_runner per instance: the property
+stands.)
 """
 
 import glob

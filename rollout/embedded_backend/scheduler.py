@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from rollout.request import Request, RequestStatus
+from rollout.embedded_backend.request import Request, RequestStatus
 
 
 @dataclass

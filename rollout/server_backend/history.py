@@ -8,7 +8,7 @@ server load its own part only. The parts travel through the servers' history_dir
 
 import os
 
-from rollout.server import Server
+from rollout.server_backend.client import Server
 from rollout.vllm_backend import wire
 from spec.proposers.history import HistoryStore
 

@@ -1,9 +1,9 @@
 """HTTP to a vLLM OpenAI server with the standard library: JSON requests with clear errors, bounded reconnection, and
 the Prometheus counters of /metrics.
 
-Errors name the URL and the request. An HTTP error status is a ServerError at once (the server answered: retrying
-would not change its answer); a 401 says the server wants a key and how to pass one. With an API key every request
-carries `Authorization: Bearer <key>`. A connection that cannot be made or breaks (server down, restarting, not up yet) is
+Errors name the URL and the request. An HTTP error status is a ServerError at once (the server answered: retrying would
+not change its answer); a 401 says the server wants a key and how to pass one. With an API key every request carries
+`Authorization: Bearer <key>`. A connection that cannot be made or breaks (server down, restarting, not up yet) is
 retried with exponential backoff for up to `reconnect_s` seconds, then a ServerError. A request that gets no answer
 within `timeout_s` is a ServerError (the server may still be running it; it is not sent again).
 """

@@ -1,4 +1,4 @@
-"""The embedded backend: this package's engine (rollout/engine.py) on the models loaded here.
+"""The embedded backend: this package's engine (rollout/embedded_backend/engine.py) on the models loaded here.
 
 It owns the target and its runner (KV cache allocated up front for max_num_seqs x max_model_len positions), the
 drafter, and the speculation policy: the static per-batch-size schedule, or, when the config enables it, adaptive
@@ -13,15 +13,23 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from rollout.engine import Engine
+from rollout.embedded_backend.engine import Engine
+from rollout.embedded_backend.request import Request
 from rollout.history import DrafterHistory, keeps_history
 from rollout.loading import check_same_vocab, default_max_model_len, eos_token_ids, load_model
 from rollout.outputs import RolloutBatch, Sample, build_batch, history_stats
-from rollout.request import Request
 from rollout.sampling_params import SamplingParams, mix_seed
 from rollout.weights import load_weights, no_draft_model
-from spec import (BatchSizeSchedule, PositionUniforms, Proposer, RequestAcceptance, SpecConfig, SpeculationPolicy,
-                  StaticPolicy, build_proposer)
+from spec import (
+    BatchSizeSchedule,
+    PositionUniforms,
+    Proposer,
+    RequestAcceptance,
+    SpecConfig,
+    SpeculationPolicy,
+    StaticPolicy,
+    build_proposer,
+)
 from spec.adaptive import AdaptivePolicy
 from spec.drafting_host import MAX_DRAFTER_FAULTS
 from spec.model_runner import build_runner
@@ -45,7 +53,7 @@ class Speculation:
 
 
 class EmbeddedBackend:
-    """max_drafter_faults: drafter faults a call tolerates before it stops drafting (rollout/engine.py)."""
+    """max_drafter_faults: drafter faults a call tolerates before it stops drafting (spec/drafting_host.py)."""
 
     is_shared = False  # one engine per trainer process
     base_url = None

@@ -1,10 +1,10 @@
 """`RolloutGenerator(backend="server", base_url=URL or [URL, ...])`: rollouts from running vLLM OpenAI servers
-(`python -m rollout serve`), the same RolloutBatch as the other backends. Each server is a `Server` (server.py); this
-backend spreads a call over them.
+(`python -m rollout serve`), the same RolloutBatch as the other backends. Each server is a `Server` (client.py);
+this backend spreads a call over them.
 
 Routing. Each prompt's group runs on one server, `route(prompt)`: a stable hash of the prompt's token ids (blake2b of
 their int32 bytes) modulo the number of servers, so its siblings batch together and its rollout history stays on one
-server (server_history.py) across calls, epochs and trainer processes.
+server (server_backend/history.py) across calls, epochs and trainer processes.
 
 Failover. With several servers, each one a call routes prompts to is probed first (GET /health within
 probe_timeout_s); a server down, or unreachable during the call, has its prompts sent to the next in list order. The
@@ -24,13 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from rollout.history import keeps_history
 from rollout.outputs import RolloutBatch
 from rollout.sampling_params import SamplingParams
-from rollout.history import keeps_history
-from rollout.server import Server, ServerRollouts
-from rollout.server_history import ServerHistory
-from rollout.server_http import ServerError, ServerUnreachable
-from rollout.vllm_common import VLLMCommon, vllm_batch
+from rollout.server_backend.client import Server, ServerRollouts
+from rollout.server_backend.history import ServerHistory
+from rollout.server_backend.http import ServerError, ServerUnreachable
+from rollout.vllm_backend.common import VLLMCommon, vllm_batch
 
 
 def route(prompt_ids, num_servers: int) -> int:

@@ -1,5 +1,5 @@
-"""One vLLM OpenAI server as the server backend (server_backend.py) uses it: what it serves, its rollouts and weight
-reloads, and its worker calls (vllm_backend/wire.py). No vllm import: HTTP with the standard library (server_http.py).
+"""One vLLM OpenAI server as the server backend (backend.py) uses it: what it serves, its rollouts and weight reloads,
+and its worker calls (vllm_backend/wire.py). No vllm import: HTTP with the standard library (http.py).
 
 The server is `python -m rollout serve` (vllm_backend/serve.py), or vLLM's server started by hand with the flags
 that command prints. The client reads the served model and max_model_len from /v1/models, and the speculative
@@ -33,11 +33,17 @@ from transformers import AutoConfig
 from rollout.loading import eos_token_ids, generation_config, load_tokenizer
 from rollout.outputs import Sample
 from rollout.sampling_params import SamplingParams, mix_seed
-from rollout.server_http import ServerClient, ServerError
-from rollout.vllm_backend.versions import runs_project_drafter
+from rollout.server_backend.http import ServerClient, ServerError
 from rollout.vllm_backend import wire
+from rollout.vllm_backend.common import (
+    acceptance_record,
+    counters_from_records,
+    difference,
+    engine_counters,
+    make_sample,
+)
+from rollout.vllm_backend.versions import runs_project_drafter
 from rollout.vllm_backend.wire import CONFIG_KEY, SERVER_KEY, is_inside
-from rollout.vllm_common import acceptance_record, counters_from_records, difference, engine_counters, make_sample
 from spec import RequestAcceptance, SpecConfig
 from spec.config import PROTOCOL_METHODS
 

@@ -20,10 +20,19 @@ from typing import Callable
 
 import torch
 
-from rollout.request import Request
-from rollout.scheduler import Scheduler, StepPlan
-from spec import (AcceptanceStats, Proposal, Proposer, Runner, SamplingTensors, SpeculationPolicy, StepInfo,
-                  VerifyResult, rejection_sample)
+from rollout.embedded_backend.request import Request
+from rollout.embedded_backend.scheduler import Scheduler, StepPlan
+from spec import (
+    AcceptanceStats,
+    Proposal,
+    Proposer,
+    Runner,
+    SamplingTensors,
+    SpeculationPolicy,
+    StepInfo,
+    VerifyResult,
+    rejection_sample,
+)
 from spec.drafting_host import MAX_DRAFTER_FAULTS, DraftingHost, PromptGroups
 
 

@@ -1,6 +1,6 @@
 """What the two vLLM backends share, the in-process engine (rollout/vllm_backend/) and the server client
-(rollout/server_backend.py). No vllm import: both read plain ids, logprobs, per-step lists and counter values from
-their own responses and hand them here.
+(rollout/server_backend/backend.py). No vllm import: both read plain ids, logprobs, per-step lists and counter values
+from their own responses and hand them here.
 
 - each sample's acceptance record is rebuilt from vLLM's per-request metrics at the "detailed" level (drafts offered
   and accepted per step), so it has the embedded record's fields; `k_per_step` lists only the steps in which the

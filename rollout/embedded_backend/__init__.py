@@ -1,0 +1,20 @@
+"""backend="embedded": this package's own engine, in this process.
+
+    backend.py    EmbeddedBackend: the target, its drafter and speculation policy, a call's requests and batch
+    engine.py     Engine: plan -> draft (spec/drafting_host.py) -> verify -> commit -> observe, step by step
+    scheduler.py  admission of waiting requests and the step's K, in plain Python
+    request.py    one running sample: its tokens, logprobs, stop rule, uniforms and acceptance record
+
+Nothing is imported until a name is asked for (PEP 562).
+"""
+
+import importlib
+
+_NAMES = {"EmbeddedBackend": "rollout.embedded_backend.backend", "Speculation": "rollout.embedded_backend.backend"}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name not in _NAMES:
+        raise AttributeError(f"module 'rollout.embedded_backend' has no attribute {name!r}")
+    return getattr(importlib.import_module(_NAMES[name]), name)
