@@ -4,7 +4,7 @@ The public names load on first use (PEP 562), so that `python -m rollout --help`
 first, answers without importing torch; `from rollout import RolloutGenerator` works as usual.
 """
 
-import importlib
+from rollout.lazy import lazy_getattr
 
 _MODULES = {"RolloutBatch": "rollout.outputs", "RolloutGenerator": "rollout.generator", "Sample": "rollout.outputs",
             "SamplingParams": "rollout.sampling_params", "default_model_paths": "rollout.default_models",
@@ -13,13 +13,7 @@ _MODULES = {"RolloutBatch": "rollout.outputs", "RolloutGenerator": "rollout.gene
 
 __all__ = sorted(_MODULES)
 
-
-def __getattr__(name: str):
-    if name not in _MODULES:
-        raise AttributeError(f"module 'rollout' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_MODULES[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _MODULES)
 
 
 def __dir__() -> list[str]:

@@ -8,13 +8,8 @@
 Nothing is imported until a name is asked for (PEP 562).
 """
 
-import importlib
+from rollout.lazy import lazy_getattr
 
 _NAMES = {"ServerBackend": "rollout.server_backend.backend", "route": "rollout.server_backend.backend"}
 __all__ = sorted(_NAMES)
-
-
-def __getattr__(name: str):
-    if name not in _NAMES:
-        raise AttributeError(f"module 'rollout.server_backend' has no attribute {name!r}")
-    return getattr(importlib.import_module(_NAMES[name]), name)
+__getattr__ = lazy_getattr(__name__, _NAMES)

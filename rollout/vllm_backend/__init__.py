@@ -19,15 +19,9 @@ only its own modules (the API server's gate and the plugin entry point the stand
     guard.py         the server's gate (vLLM --middleware): the key on every route, the client's RPCs only
 """
 
-import importlib
+from rollout.lazy import lazy_getattr
 
 _NAMES = {"INSTALL_HINT": "rollout.vllm_backend.inprocess", "VLLMBackend": "rollout.vllm_backend.inprocess",
           "import_vllm": "rollout.vllm_backend.inprocess"}
 __all__ = sorted(_NAMES)
-
-
-def __getattr__(name: str):
-    """The in-process backend's names, imported at their first use (PEP 562)."""
-    if name not in _NAMES:
-        raise AttributeError(f"module 'rollout.vllm_backend' has no attribute {name!r}")
-    return getattr(importlib.import_module(_NAMES[name]), name)
+__getattr__ = lazy_getattr(__name__, _NAMES)
