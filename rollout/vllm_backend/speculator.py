@@ -59,8 +59,8 @@ class _Speculator:
 
     def __init__(self, vllm_config, device: torch.device, req_states):
         from vllm.v1.worker.gpu.input_batch import InputBatch
-        generation().check_speculator(req_states, InputBatch)  # every runner field read below, before any step
         self.drafting = RolloutDrafting(vllm_config, SOURCE, self._stop_ids)
+        generation().check_speculator(req_states, InputBatch)  # every runner field read below, before any step
         self.eos_ids = frozenset(model_eos_ids(vllm_config.model_config))
         self.device = device
         self.req_states = req_states
