@@ -1,28 +1,17 @@
-"""This project's drafters inside vLLM, whichever runner calls them: what the custom_class proposer (proposer.py, vLLM's
-V1 runner, 0.32-0.33) and the registered speculator (speculator.py, Model Runner V2, 0.34+) share. Each of those is a
-thin adapter that turns its runner's step into `Row`s and token ids; everything else is here.
+"""This project's drafters inside vLLM, whichever runner calls them: what the custom_class proposer (proposer.py, V1,
+0.32-0.33) and the registered speculator (speculator.py, Model Runner V2, 0.34+) share; each of those is a thin
+adapter that turns its runner's step into `Row`s, token ids and stop ids. A config of the project's drafters
+(`history`, or a `custom_class` to spec/proposers/base.py) reaches every worker (every TP rank, a server's worker) in
+vLLM's additional_config (wire.CONFIG_KEY, and wire.FAULTS_KEY for max_drafter_faults); each builds its own drafter.
 
-A config whose drafter implements the project's Proposer protocol (spec/proposers/base.py): `method: "history"` (the
-rollout-history suffix drafter: each prompt's earlier rollouts, its live GRPO siblings and a global cache) or
-`method: "custom_class"` (a user's class to that protocol) reaches vLLM with the project's whole config in vLLM's
-`additional_config` under CONFIG_KEY (versions.py builds the rest); every worker (every TP rank, the OpenAI
-server's worker) builds its own drafter from it.
-
-Per step, for the rows the adapter reports:
-- a request is known by vLLM's request id; its token ids are the adapter's, read from the committed tokens this class
-  lacks (`missing`); a request whose tokens vLLM rewound is finished and started afresh;
-- a request's group is its prompt (spec.drafting_host.PromptGroups, as on the embedded engine): siblings of a GRPO
-  group share their trie, and the history is keyed by prompt anyway;
-- each request's drafts are capped at the step's K (the adapter's: the schedule's on V1, vLLM's on V2) and at what
-  max_model_len leaves, and cut after its stop ids (the adapter's `stop_ids`);
-- the drafting host (spec/drafting_host.py, the embedded engine's) plans, validates, counts and cuts the drafts and
-  handles faults, with the same speculation policy as the embedded engine: adaptive verification
-  (spec/adaptive/policy.py) where enabled, else the static one. late_outcomes.py reports each step's outcome (the
-  tokens each request gained) and time at the next call (unknown where the step also prefilled or admitted a
-  request). vLLM verifies point proposals only: draft_probs are a DrafterConfigError;
-- a run is a stretch with requests: it begins when a request comes to none, and ends when the last one finishes; the
-  host's fault budget (max_drafter_faults, from additional_config under wire.FAULTS_KEY) is per run;
-- finished requests (`finish`) go to the history and the global cache; a finish that raises is a drafter fault.
+Per step, for the rows the adapter reports: a request is known by vLLM's request id, its token ids read from the
+committed tokens this class lacks (`missing`; a request vLLM rewound is finished and started afresh); its group is
+its prompt (spec.drafting_host.PromptGroups, as on the embedded engine); its drafts are capped at the step's K and
+what max_model_len leaves. The drafting host (spec/drafting_host.py, the embedded engine's) plans, validates, cuts
+at stop ids, counts and handles faults with the same policy as the embedded engine (adaptive where enabled, else the
+static one); late_outcomes.py tells it each step's outcome at the next call. vLLM verifies point proposals only:
+draft_probs are a DrafterConfigError. A run begins when a request comes to none and ends when the last finishes;
+finished requests go to the history and the global cache.
 
 Every rank builds its own drafter and sees the same steps, so with a deterministic drafter every rank proposes the
 same drafts. The time spent here is counted (`stats`), and the backend reports it per call.

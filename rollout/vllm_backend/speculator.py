@@ -1,36 +1,21 @@
 """This project's drafters on vLLM 0.34+: the Model Runner V2 speculator that the registered methods `history` and
-`custom_class` name (speculator_config.py, versions.register_methods); drafting.py does the drafting.
+`custom_class` name (speculator_config.py, plugin.register_methods); drafting.py does the drafting.
 
-What Model Runner V2 hands a speculator, and what this one does with it, per step:
-- `propose(input_batch, ..., num_sampled, num_rejected, last_sampled, ..., num_speculative_tokens=K)` after the
-  step's sampled tokens are committed to its request state (`req_states`: token ids [max_num_reqs, max_model_len],
-  committed lengths, prompt lengths, per request-state slot; `input_batch.idx_mapping` maps batch rows to slots).
-  The rows' counts and the token ids the drafter lacks are gathered on the device and read to the host in at most
-  three small copies (counts, new requests' whole histories, running requests' new tokens), so a step costs one
-  device sync, as the custom_class path's host-side token ids did;
-- K is vLLM's: its scheduler reads the schedule (`num_speculative_tokens_per_batch_size`, which versions.py always
-  sends) at the live batch size and passes the step's K; every request's drafts are verified at that width next
-  step, whatever this class returns;
-- the return value is a [num_reqs, num_speculative_steps] int64 tensor on the device. A request with fewer drafts
-  than K has the rest filled with its last token, as vLLM's own n-gram and suffix speculators fill theirs: the
-  runner writes drafts into the target's input ids, where a -1 placeholder (which its rejection sampler rejects) is
-  not a valid embedding index, so a filler is an ordinary draft that verification accepts or rejects losslessly;
-- the per-request cut: Model Runner V2 verifies fewer than K tokens for a request only through its own adaptive
-  verification (vllm/v1/worker/gpu/spec_decode/adaptive_verification.py: AdaptiveVerificationManager trims each
-  request's verified slots on the device, ranking them by the speculator's `draft_token_confidence_probs`). With
-  the project's `enable_adaptive_verification`, versions.py turns it on, and this class writes confidence 1 for
-  the drafts the project's policy kept (drafting.py, spec/adaptive/policy.py) and 0 for the rest, fillers
-  included, so vLLM's budget admits the policy's choice (docs/vllm_proposer.md says where it can differ);
-- `on_requests_finished` (before the slots are freed) finishes those requests: their outputs go to the history;
-- stop ids: Model Runner V2 keeps no request's sampling params where a speculator can read them (its speculator hook
-  `add_request` gets a slot only), so every request's drafts are cut after the model's EOS ids (its generation
-  config's, else its config's): a request's ignore_eos and stop_token_ids are not known here. Either way the cut
-  costs no exactness, only verified drafts;
-- `reset_state` (after vLLM's warm-up requests) forgets what the warm-up taught the drafter.
+Per step, `propose(input_batch, ..., num_sampled, ..., num_speculative_tokens=K)` runs after the step's sampled
+tokens are committed to the runner's request state (`req_states`, checked at construction by versions.py): the rows'
+counts and the token ids the drafter lacks are gathered on the device and read in at most three small copies (one
+device sync a step). K is vLLM's (its scheduler reads the schedule at the live batch size). The result is a
+[num_reqs, K] int64 tensor; a request with fewer drafts has the rest filled with its last token (a -1 placeholder
+is not a valid embedding index), an ordinary draft that verification accepts or rejects losslessly.
 
-vLLM's base class is imported only when vLLM asks this module for `RolloutSpeculator` (by the name
-speculator_config.py gives it): the class is built then, from `_Speculator`'s methods and vLLM's BaseSpeculator, so
-the module imports without vLLM.
+The per-request cut: Model Runner V2 verifies fewer than K tokens for a request only through its own adaptive
+verification, which ranks slots by `draft_token_confidence_probs`; with the project's enable_adaptive_verification,
+this class writes 1 for the drafts the project's policy kept and 0 for the rest (docs/vllm_proposer.md says where
+vLLM's budget can differ). Stop ids: Model Runner V2 keeps no request's sampling params where a speculator can read
+them, so drafts are cut after the model's EOS ids only (ignore_eos and stop_token_ids are not known here; the cut
+costs verified drafts, never exactness). `on_requests_finished` finishes requests into the history; `reset_state`
+(after vLLM's warm-up) forgets the warm-up. vLLM's base class is imported only when vLLM asks for
+`RolloutSpeculator`, so the module imports without vLLM.
 """
 
 import time

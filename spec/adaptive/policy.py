@@ -1,39 +1,21 @@
 """Adaptive verification: the speculation policy (spec/policy.py) that sizes each request's drafts from the drafter's
-confidence and the step costs the engine has run, step by step through the whole call, on either engine: the embedded
-one calls it directly, vLLM's workers through an adapter that reports each step's outcome at the next call
-(rollout/vllm_backend/late_outcomes.py). As a GRPO batch drains from hundreds of rows to its last few long requests,
-the same rule finds shallow drafts worth verifying in a full batch (where a verified token costs a fraction of a
-row's) and deep ones in the tail (where it costs almost nothing). The schedule's K at the live batch size caps each
-request's drafts (StepInfo.max_drafts); the policy cuts inside that cap.
+confidence and the step costs the engine has run, on either engine (vLLM's workers learn each step's outcome one call
+late: rollout/vllm_backend/late_outcomes.py). The schedule's K at the live batch size caps each request's drafts.
 
 Per step:
-1. `draft_limits`: how deep each request drafts. A drafter without forwards of its own (n-gram, suffix, history)
-   drafts up to its cap. For one with forwards (the draft model), depth by depth before the drafter runs: extending
-   the m rows with the best expected next survival costs one forward of m rows, D(m), and in a step whose drafting
-   rows are too many for the runner to split attention it pads every other row by a query too; the rows extended
-   are the m that maximise sum(next survival - threshold) - rate x cost, none where no m makes it positive. A row's
-   next survival is its survival so far times the position's acceptance rate (the calibrator's) times its request
-   factor (below). `rate` (expected tokens per second) and `threshold` (the survival that pays for one more
-   verified token) are the last allocation's at the nearest batch size by powers of 2, raised to this step's rate
-   without drafts where that is higher: pricing time below a rate known to be reachable drafts more than pays.
+1. `draft_limits`: how deep each request drafts. A drafter without forwards of its own drafts up to its cap; for one
+   with forwards (the draft model), depth by depth, the m rows with the best expected next survival are extended
+   where sum(next survival - threshold) - rate x D(m) > 0, `rate` and `threshold` being the last allocation's at the
+   nearest batch size by powers of 2 (raised to this step's rate without drafts where that is higher).
 2. `select`: every draft ranked by calibrated survival, the budget that maximises expected tokens per second
    verified (spec/adaptive/budget.py), priced by the step-cost fit (spec/adaptive/step_fit.py).
-3. `observe`: the judged drafts teach the calibrator (spec/adaptive/calibration.py) and the request factors; the
-   step's time outside the drafter and the drafter's forward times teach the fit (steps that prefill do not).
+3. `observe`: judged drafts teach the calibrator (calibration.py) and the request factors (request_factors.py, a
+   prompt's drafts can be as confident as another's and worse); step times teach the fit (prefill steps do not).
 
-Before any batch size has a fit, the verified depth steps through K, K - 1, .., K - 3, one step after another: a
-drafter that always fills K would otherwise verify the same drafts per row every step, and no cost per draft could be
-fitted. After _EXPLORE_STEPS steps at a batch size (by powers of 2) without a verified draft, one step there verifies
-every row's first draft: the calibrator learns only from verified drafts, and the fit of that size only from the
-drafts verified there, so a size whose first fit priced drafts too dearly (or a drafter that got better since: a
-refresh, a prompt's history) would otherwise never draft again. Counted across sizes instead, the 64-row steps of an
-8x8 rollout, whose fit had written drafts off, verified none in 113 steps while the smaller sizes drafted.
-
-Each request's calibrated values are scaled by its factor (spec/adaptive/request_factors.py): a drafter can be as
-sure of its drafts for a prompt it predicts badly as for one it predicts well.
-
-Verification is unchanged and lossless: with point proposals every emitted token follows the target's distribution
-whatever drafts are offered, so choosing them from the drafts' confidences costs nothing in exactness.
+Exploration: before a batch size has a fit, the verified depth steps through K, K - 1, .., K - 3 (else no cost per
+draft could be fitted); after _EXPLORE_STEPS steps at a size without a verified draft, one step there verifies every
+row's first draft, so a size whose first fit priced drafts too dearly can draft again. Verification is unchanged and
+lossless: with point proposals the emitted tokens do not depend on which drafts are offered.
 """
 
 import itertools
