@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_common(parser: argparse.ArgumentParser, num_generations: int, max_tokens: int, max_num_seqs: int,
                 max_num_seqs_help: str) -> None:
-    parser.add_argument("--model", default="default", help="target: a local HF folder, or 'default' (shipped pair)")
+    parser.add_argument("--model", default="default",
+                        help="target: a local HF folder, a .gguf file (converted once to a cached folder), or "
+                             "'default' (shipped pair)")
     parser.add_argument("--draft-model", default=None,
                         help="draft model folder; alone (without --speculative-config) it means method "
                              "draft_model with K = 8 and the default per-batch-size schedule")
@@ -64,6 +66,9 @@ def _add_common(parser: argparse.ArgumentParser, num_generations: int, max_token
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
     parser.add_argument("--max-num-seqs", type=_positive_int, default=max_num_seqs,
                         help=max_num_seqs_help)
+    parser.add_argument("--max-model-len", type=_positive_int, default=None,
+                        help="prompt + completion tokens a request holds at most (default: the model's, capped at "
+                             "2048); each running request's KV slot has this many positions")
     parser.add_argument("--seed", type=int, default=0, help="base seed of the prompts and of the sampling")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -138,7 +143,8 @@ def generate(args) -> dict:
                             max_tokens=args.max_tokens)
     _disable_weight_loading_bars()
     generator = RolloutGenerator(args.model, draft_model=args.draft_model, max_num_seqs=args.max_num_seqs,
-                                 speculative_config=speculative_config_from_args(args), seed=args.seed)
+                                 max_model_len=args.max_model_len, speculative_config=speculative_config_from_args(args),
+                                 seed=args.seed)
     batch = generator.generate(prompts, args.num_generations, params, use_tqdm=not args.no_progress)
     lines = "".join(json.dumps(sample.to_dict()) + "\n" for sample in batch.samples)
     to_stdout = args.output == "-"

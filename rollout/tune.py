@@ -113,11 +113,11 @@ def _generator(args, static: dict) -> RolloutGenerator:
     reads the K lookup that use_schedule overwrites only when the engine has a schedule)."""
     if getattr(args, "backend", "embedded") == "embedded":
         return RolloutGenerator(args.model, draft_model=args.draft_model, speculative_config=static,
-                                max_num_seqs=args.max_num_seqs, seed=args.seed)
+                                max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, seed=args.seed)
     config = {**static, "num_speculative_tokens_per_batch_size": [[1, args.max_num_seqs, static[
         "num_speculative_tokens"]]]}
     return RolloutGenerator(args.model, draft_model=args.draft_model, speculative_config=config, backend="vllm",
-                            max_num_seqs=args.max_num_seqs, seed=args.seed)
+                            max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, seed=args.seed)
 
 
 def prompt_picker(args):
