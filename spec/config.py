@@ -35,6 +35,10 @@ class SpecConfig:
         every drafter, with point proposals (greedy draft sampling); vLLM: this project's drafters (`history`,
         `custom_class`) through the same policy in vLLM's workers, and vLLM's own methods where
         the installed vLLM runs its own adaptive verification for them (to_vllm).
+    enable_measured_guard: draft at a batch size only where steps with drafts have emitted tokens faster than steps
+        without, as measured on this engine, probing steps without drafts now and then (spec/measured_guard.py):
+        speculation that loses on this model and machine turns itself off there. This project's drafting host only
+        (the embedded engine, `history` and `custom_class` on vLLM).
     rejection_sample_method: `standard` (lossless; the only one the embedded engine runs), `synthetic`, `block`.
     draft_sample_method: `greedy` (drafts are the draft distribution's argmax) or `probabilistic` (sampled).
     prompt_lookup_min / prompt_lookup_max: n-gram sizes tried by `ngram`, longest first.
@@ -61,6 +65,7 @@ class SpecConfig:
     model: str | None = None
     num_speculative_tokens_per_batch_size: list | None = None
     enable_adaptive_verification: bool = False
+    enable_measured_guard: bool = False
     rejection_sample_method: str = "standard"
     draft_sample_method: str = "greedy"
     prompt_lookup_min: int = 2

@@ -82,6 +82,9 @@ KEYS: dict[str, Key] = {
     "model": Key(_model),
     "num_speculative_tokens_per_batch_size": Key(_schedule),
     "enable_adaptive_verification": Key(check_bool),
+    "enable_measured_guard": Key(check_bool, EMBEDDED_AND_PROJECT,
+                                 "the guard runs around this project's drafting host, which vLLM's own drafters do "
+                                 "not use; drop it, or use method 'history'"),
     "rejection_sample_method": Key(_choice(REJECTION_SAMPLE_METHODS), ONLY_VLLM,
                                    "the others verify losslessly with 'standard'; drop it, or use one of vLLM's own "
                                    "drafters"),

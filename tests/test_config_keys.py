@@ -50,7 +50,7 @@ def test_the_code_declares_the_engines_the_table_says():
 # --- each engine takes what it honours and refuses the rest -------------------------------------------------------
 
 NON_DEFAULT = {"model": "/d", "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 64, 1]],
-               "enable_adaptive_verification": True, "rejection_sample_method": "block",
+               "enable_adaptive_verification": True, "enable_measured_guard": True, "rejection_sample_method": "block",
                "draft_sample_method": "probabilistic", "prompt_lookup_min": 1, "prompt_lookup_max": 6,
                "suffix_decoding_max_tree_depth": 8, "suffix_decoding_max_cached_requests": 5,
                "suffix_decoding_max_cached_tokens": 500, "suffix_decoding_max_spec_factor": 2.0,
@@ -110,6 +110,7 @@ BAD_VALUES = [  # (key, value, what the message says; None: "key=value")
     ("num_speculative_tokens_per_batch_size", "1-8:4", None),
     ("enable_adaptive_verification", "false", "must be true or false"),  # "false" and 1 once turned it on
     ("enable_adaptive_verification", 1, "must be true or false"),
+    ("enable_measured_guard", "yes", "must be true or false"),
     ("rejection_sample_method", "fast", None), ("draft_sample_method", "topk", None),
     ("prompt_lookup_min", 0, None), ("prompt_lookup_max", 0, None),
     ("suffix_decoding_max_tree_depth", 1, None), ("suffix_decoding_max_cached_requests", -1, None),

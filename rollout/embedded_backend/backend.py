@@ -30,7 +30,7 @@ from spec import (
     StaticPolicy,
     build_proposer,
 )
-from spec.adaptive import AdaptivePolicy
+from spec.adaptive import build_policy
 from spec.drafting_host import MAX_DRAFTER_FAULTS
 from spec.model_runner import build_runner
 
@@ -85,9 +85,7 @@ class EmbeddedBackend:
         loaded = self._draft_model(config, draft_model) if config.method == "draft_model" else None
         proposer = build_proposer(config, draft_model=loaded, max_num_seqs=self.max_num_seqs,
                                   max_model_len=self.max_model_len, device=self.device, dtype=self.dtype)
-        policy = AdaptivePolicy(config.num_speculative_tokens, padding=self.runner.padded_queries) \
-            if config.enable_adaptive_verification else StaticPolicy()
-        return Speculation(config, proposer, policy)
+        return Speculation(config, proposer, build_policy(config, padding=self.runner.padded_queries))
 
     def use_speculation(self, speculation: Speculation) -> None:
         if not isinstance(speculation, Speculation):

@@ -23,8 +23,8 @@ from typing import Callable, Iterable, Sequence
 
 from rollout.vllm_backend.late_outcomes import LateOutcomes
 from rollout.vllm_backend.wire import CONFIG_KEY, FAULTS_KEY
-from spec import SpecConfig, StaticPolicy, StepInfo
-from spec.adaptive import AdaptivePolicy
+from spec import SpecConfig, StepInfo
+from spec.adaptive import build_policy
 from spec.drafting_host import MAX_DRAFTER_FAULTS, DraftingHost, PromptGroups
 from spec.proposers import DraftRequest, build_proposer
 
@@ -68,9 +68,7 @@ class RolloutDrafting:
     def reset(self) -> None:
         """A fresh drafter and policy, no request known and nothing counted (vLLM's warm-up is forgotten so)."""
         drafter = build_proposer(self.config, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len)
-        policy = AdaptivePolicy(self.config.num_speculative_tokens) if self.config.enable_adaptive_verification \
-            else StaticPolicy()
-        self.host = DraftingHost(drafter, policy, vocab_size=self.vocab_size, verifies_draft_probs=False,
+        self.host = DraftingHost(drafter, build_policy(self.config), vocab_size=self.vocab_size, verifies_draft_probs=False,
                                  max_drafter_faults=self.max_drafter_faults)
         self.late = LateOutcomes(self.host)
         self.seconds = 0.0  # in propose

@@ -3,8 +3,9 @@ each request's drafts from the drafter's confidence and the step costs the engin
 confidence calibration, the draft budget and the online step-cost fit. Nothing in the spec core imports this
 package."""
 
+from spec.adaptive.build import build_policy
 from spec.adaptive.calibration import ConfidenceCalibrator
 from spec.adaptive.policy import AdaptivePolicy
 from spec.adaptive.step_fit import StepFit, StepPrice
 
-__all__ = ["AdaptivePolicy", "ConfidenceCalibrator", "StepFit", "StepPrice"]
+__all__ = ["AdaptivePolicy", "ConfidenceCalibrator", "StepFit", "StepPrice", "build_policy"]
