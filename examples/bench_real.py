@@ -164,7 +164,7 @@ class RealRun(ShapeRun):
     def run_step(self, prompts: list, texts: list, params: SamplingParams):
         """Every arm generates G samples of each prompt (token ids or chat messages; `texts` the chat messages) with
         the step's seed, timed, the order rotating per step; the step's records and checks go to self.steps (a
-        check that fails raises after recording). Returns no_spec's batch."""
+        greedy check that fails raises after recording). Returns no_spec's batch."""
         if not self.steps:
             self._warm_up(params)
         step = len(self.steps)
@@ -174,13 +174,16 @@ class RealRun(ShapeRun):
         for arm in order:
             records[arm], outputs[arm] = self._generate(arm, prompts, texts, params)
         completions = {arm: completion_ids(output) for arm, output in outputs.items()}
-        identical = {arm: completions[arm] == completions["no_spec"] for arm in self._checked(params)}
+        # the share of rows equal to no_spec's: at temperature > 0 a real model's logits differ in the last bits with
+        # the verification width, which can flip a sample drawn near a tie (distribution-exact, not draw-identical)
+        identical = {arm: sum(a == b for a, b in zip(completions[arm], completions["no_spec"])) / len(completions[arm])
+                     for arm in self._checked(params)}
         self.steps.append({"step": step, "epoch": self._epoch(texts), "order": order,
                            "mean_reward": records["no_spec"]["mean_reward"], "identical_to_no_spec": identical,
                            "arms": records})
         print(report.step_line(self.steps[-1], self.num_prompts, self.num_generations), flush=True)
-        differ = [arm for arm, same in identical.items() if not same]
-        if differ:
+        differ = [arm for arm, same in identical.items() if same < 1.0]
+        if differ and params.temperature == 0:
             raise RuntimeError(f"step {step}: the completions of {differ} differ from no_spec's (same seed, same "
                                "weights)")
         return outputs["no_spec"]

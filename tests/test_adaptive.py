@@ -109,8 +109,9 @@ def test_seeded_sampling_is_unchanged_by_adaptive_verification(target, draft, en
 
 def test_the_policy_learns_the_step_costs_from_the_engines_own_steps(target, engine_clock):
     """No profile: the fit at the batch size the steps ran reads back the price the engine's clock charged per
-    further token, and per step a little more than per row (steps that admit requests prefill their prompts); the
-    price reads that cost at most one standard error lower (optimism), which here is within 30% of it."""
+    further token, and per step what it charged per row (a shared prompt's prefill is not the step's: the engine
+    leaves it out); the price reads those costs at most one standard error lower (optimism): within 30% per token,
+    5% per step."""
     config, _ = CONFIGS["custom_class"](target, None)
     generator = priced(_generator(target, config), engine_clock)
     generator.generate(PROMPTS, 2, GREEDY, use_tqdm=False)
@@ -118,7 +119,7 @@ def test_the_policy_learns_the_step_costs_from_the_engines_own_steps(target, eng
     fitted = costs._sizes[(4).bit_length()].solution[2]
     price = costs.price(4)
     assert fitted == pytest.approx(0.005, rel=0.15) and 0.7 * 0.005 <= price.per_token <= fitted
-    assert 4 * PER_ROW <= price.base <= 1.1 * 4 * PER_ROW
+    assert 0.95 * 4 * PER_ROW <= price.base <= 1.1 * 4 * PER_ROW
 
 
 def test_allocation_never_exceeds_the_schedule_k(target, draft, engine_clock):

@@ -77,11 +77,13 @@ class Engine:
     def step(self) -> list[Request]:
         """One engine step; returns the requests it finished."""
         start = self.clock()
-        requests, info, condense_seconds = self._plan()
+        requests, info, prefill_seconds, condense_seconds = self._plan()
         drafts = self.host.draft(info, lambda: [r.draft_view() for r in requests])
         (result, finished), verify_seconds = self._timed(self._verify_and_commit, requests, drafts.verified,
                                                          drafts.plan.k)
-        self.host.observe(drafts, result.num_accepted, self.clock() - start, verify_seconds, condense_seconds)
+        # the step's seconds leave out the shared prompts' prefill, a forward of its own that no draft changes
+        seconds = self.clock() - start - prefill_seconds
+        self.host.observe(drafts, result.num_accepted, seconds, verify_seconds, condense_seconds)
         return finished
 
     def run(self, on_finish: Callable[[Request], None] = lambda r: None) -> float:
@@ -112,17 +114,17 @@ class Engine:
             for request in running:
                 _cleanup(error, self.proposer.finish, request.draft_view())
 
-    def _plan(self) -> tuple[list[Request], StepInfo, float]:
+    def _plan(self) -> tuple[list[Request], StepInfo, float, float]:
         """Schedule the step, give new requests their slots and move the batch into its lowest slots; the running
         requests in slot order (a batch in slots 0 .. n - 1 reads its keys as one slice of the cache, not a gather),
-        the step as the policy sees it, and the seconds the moves took."""
+        the step as the policy sees it, and the seconds the shared prefill and the moves took."""
         plan = self.scheduler.plan()
-        self._prefill(plan)
+        _, prefill_seconds = self._timed(self._prefill, plan)
         _, condense_seconds = self._timed(self._condense, plan.requests)
         requests = sorted(plan.requests, key=lambda r: r.slot)
         info = StepInfo([r.req_id for r in requests], [r.num_tokens - self.runner.seq_len(r.slot) for r in requests],
                         [min(plan.k_max, r.room_for_drafts(self.max_model_len)) for r in requests], plan.k_max)
-        return requests, info, condense_seconds
+        return requests, info, prefill_seconds, condense_seconds
 
     def _prefill(self, plan: StepPlan) -> None:
         """Give each admitted request a slot. A prompt that several requests share is computed once, by a
