@@ -92,8 +92,10 @@ def absolute(path: str) -> str:
 
 def arm_table(vllm_k: int) -> dict[str, dict | None]:
     """Arm -> speculative config: bench_epochs' arms that run on any target (not its draft_schedule arms: the
-    shipped draft model drafts in the default pair's vocabulary), and static history at K = 2."""
+    shipped draft model drafts in the default pair's vocabulary), static history at K = 2, and the default without
+    its measured guard."""
     table = {"no_spec": None, "default": default_speculative_config(),
+             "default_unguarded": {**default_speculative_config(), "enable_measured_guard": False},
              "history_k2": {**HISTORY, "num_speculative_tokens": 2}}
     for arm, config in {**bench_epochs.embedded_arms(), **bench_epochs_worker.vllm_arms(vllm_k)}.items():
         if "draft_schedule" not in arm:
