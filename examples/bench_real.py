@@ -254,7 +254,8 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     arms = select_arms(args)
     dataset = humaneval_dataset(args.num_prompts * (1 + args.warmup))
-    problems, warmup = dataset.select(range(args.num_prompts)), dataset.select(range(args.num_prompts, len(dataset)))
+    problems = dataset.select(range(args.num_prompts))
+    warmup = dataset.select(range(args.num_prompts, len(dataset))) if args.warmup else dataset.select([])
     shape = f"{args.num_prompts}x{args.num_generations}"
     name = f"bench_real_{args.mode}_{shape}_t{args.temperature:g}"
     results = {"settings": vars(args), "arms": arms, "problems": list(problems["task_id"]), "shapes": {}}
