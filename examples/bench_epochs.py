@@ -252,7 +252,7 @@ def train(run: ShapeRun, prompts: list[str], args) -> None:
     """GRPO from the shipped target over args.epochs passes of `prompts`, rolling out through run.rollout_func; the
     trainer's logs (loss, reward, grad norm, learning rate per optimizer step) go to run.result["trainer_log"]."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, PrinterCallback
+    from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
     if len(prompts) % run.num_prompts:
@@ -268,6 +268,12 @@ def train(run: ShapeRun, prompts: list[str], args) -> None:
     trainer = GRPOTrainer(model=policy, reward_funcs=reward_correct, args=config,
                           train_dataset=Dataset.from_dict({"prompt": prompts}),
                           processing_class=run.generator.tokenizer, rollout_func=run.rollout_func)
+    train_logged(run, trainer)
+
+
+def train_logged(run, trainer) -> None:
+    """Train without TRL's printer, keeping the trainer's log in the run's result even where training fails."""
+    from transformers import PrinterCallback
     trainer.remove_callback(PrinterCallback)
     try:
         trainer.train()

@@ -225,7 +225,7 @@ def replay(run: RealRun, problems, args) -> None:
 def train(run: RealRun, problems, args) -> None:
     """GRPO from SmolLM2 on the code reward, one optimizer step per epoch (the generation batch: every prompt,
     G times), rolling out through run.rollout_func; the trainer's logs go to run.result["trainer_log"]."""
-    from transformers import AutoModelForCausalLM, PrinterCallback
+    from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
     rows = run.num_prompts * run.num_generations
@@ -240,11 +240,7 @@ def train(run: RealRun, problems, args) -> None:
     policy = AutoModelForCausalLM.from_pretrained(run.model, dtype=torch.float32)
     trainer = GRPOTrainer(model=policy, reward_funcs=code_reward, args=config, train_dataset=problems,
                           processing_class=run.generator.tokenizer, rollout_func=run.rollout_func)
-    trainer.remove_callback(PrinterCallback)
-    try:
-        trainer.train()
-    finally:
-        run.result["trainer_log"] = trainer.state.log_history
+    bench_epochs.train_logged(run, trainer)
 
 
 def main(argv=None) -> dict:

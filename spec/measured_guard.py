@@ -1,7 +1,6 @@
 """The measured guard: a speculation policy (spec/policy.py) around another, which lets it draft at a batch size only
-where its drafted steps emitted tokens faster than steps without drafts, as this engine measured them. A policy's
-model of what drafts cost and return can be wrong on a new model or machine (SmolLM2-135M on 2 CPU cores: adaptive
-verification ran at 0.80-0.94x no speculation); the guard trusts only the steps' outcomes.
+where its drafted steps emitted tokens faster than steps without drafts, as this engine measured them: a policy's
+model of what drafts cost and return can be wrong on a new model or machine; the guard trusts only the outcomes.
 
 Per batch-size bucket (StepInfo.num_reqs by powers of 2: 1, 2-3, 4-7, ...), two arms: `drafted` (the inner policy
 decides) and `plain` (K = 0), each with discounted sums over its measured decoding steps of emitted tokens (rows +
