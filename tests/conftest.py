@@ -60,3 +60,15 @@ def engine_clock(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(backend, "Engine", functools.partial(Engine, clock=clock))
     return clock
+
+
+def priced(generator, clock, per_token: float, per_row: float = 0.01):
+    """`generator` with each target forward advancing the engine's `clock` by per_row a row and per_token a further
+    token (a draft, or a prompt's): what a step costs, set by the test."""
+    forward = generator.backend.runner.forward
+
+    def timed(slots, token_ids, num_logits):
+        clock.advance(per_row * len(slots) + per_token * sum(len(ids) - 1 for ids in token_ids))
+        return forward(slots, token_ids, num_logits)
+    generator.backend.runner.forward = timed
+    return generator

@@ -3,6 +3,7 @@ engine runs (set here by the engine's fake clock: each target forward advances i
 tokens), learns them, bad input."""
 
 import pytest
+from conftest import priced as priced_by_clock
 
 from rollout import RolloutGenerator, SamplingParams
 from spec import Proposal
@@ -15,13 +16,7 @@ PER_ROW = 0.01  # seconds a target forward costs per row (the engine's clock)
 def priced(generator: RolloutGenerator, clock, per_token: float = 0.005) -> RolloutGenerator:
     """The generator's target forwards advance the engine's clock by PER_ROW a row and per_token a further token (a
     draft, or a prompt's): at 0.005, half a row, a draft pays above a survival of about one half."""
-    forward = generator.backend.runner.forward
-
-    def timed(slots, token_ids, num_logits):
-        clock.advance(PER_ROW * len(slots) + per_token * sum(len(ids) - 1 for ids in token_ids))
-        return forward(slots, token_ids, num_logits)
-    generator.backend.runner.forward = timed
-    return generator
+    return priced_by_clock(generator, clock, per_token, PER_ROW)
 
 
 class EchoDrafter:

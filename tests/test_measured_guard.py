@@ -6,6 +6,7 @@ times, decides the same way from the same observations, and changes no sample.""
 import random
 
 import pytest
+from conftest import priced
 
 from rollout import RolloutGenerator, SamplingParams
 from spec import DraftRequest, Proposal, StaticPolicy, StepInfo
@@ -165,16 +166,10 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 HISTORY = {"method": "history", "num_speculative_tokens": K}  # the default drafter, K and (below) policy
 
 
-def _priced(generator: RolloutGenerator, clock, per_row: float = 0.01, per_token: float = 0.02) -> RolloutGenerator:
-    """Each target forward advances the engine's clock by per_row a row and per_token a further token (a draft, or a
+def _priced(generator: RolloutGenerator, clock) -> RolloutGenerator:
+    """Each target forward advances the engine's clock by 0.01 a row and 0.02 a further token (a draft, or a
     prompt's): a draft costs two rows, and even an accepted one loses time."""
-    forward = generator.backend.runner.forward
-
-    def timed(slots, token_ids, num_logits):
-        clock.advance(per_row * len(slots) + per_token * sum(len(ids) - 1 for ids in token_ids))
-        return forward(slots, token_ids, num_logits)
-    generator.backend.runner.forward = timed
-    return generator
+    return priced(generator, clock, per_token=0.02, per_row=0.01)
 
 
 @pytest.mark.parametrize("adaptive", [True, False], ids=["adaptive", "static"])
