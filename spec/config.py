@@ -36,7 +36,8 @@ class SpecConfig:
         `custom_class`) through the same policy in vLLM's workers, and vLLM's own methods where
         the installed vLLM runs its own adaptive verification for them (to_vllm).
     enable_measured_guard: draft at a batch size only where steps with drafts have emitted tokens faster than steps
-        without, as measured on this engine, probing steps without drafts now and then (spec/measured_guard.py):
+        without (in a call's drain: brought its end closer faster), as measured on this engine, probing steps without
+        drafts now and then (spec/measured_guard.py):
         speculation that loses on this model and machine turns itself off there. This project's drafting host only
         (the embedded engine, `history` and `custom_class` on vLLM).
     rejection_sample_method: `standard` (lossless; the only one the embedded engine runs), `synthetic`, `block`.

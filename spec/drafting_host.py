@@ -56,6 +56,7 @@ class DraftingHost:
     clock: Callable[[], float] = time.perf_counter
     num_proposed_drafts: int = field(default=0, init=False)  # drafted, before the stop cut and the policy's select
     num_faults: int = field(default=0, init=False)
+    seconds: float = field(default=0.0, init=False)  # proposing, over every step
     _num_run_faults: int = field(default=0, init=False, repr=False)
 
     @property
@@ -81,6 +82,7 @@ class DraftingHost:
         start = self.clock()
         proposed = self._propose(views, plan.num_drafts)
         seconds = self.clock() - start
+        self.seconds += seconds
         verified = proposed.prefix(self.policy.select(step, proposed, seconds))
         return StepDrafts(step, plan, proposed, verified, seconds)
 

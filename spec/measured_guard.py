@@ -3,20 +3,20 @@ where its drafted steps emitted tokens faster than steps without drafts, as this
 model of what drafts cost and return can be wrong on a new model or machine; the guard trusts only the outcomes.
 
 Per batch-size bucket (StepInfo.num_reqs by powers of 2: 1, 2-3, 4-7, ...), two arms: `drafted` (the inner policy
-decides) and `plain` (K = 0), each with discounted sums over its measured decoding steps of emitted tokens (rows +
-accepted drafts) and seconds: its rate, tokens / seconds, and that rate's standard error. Each measured step of a bucket
-discounts both arms by 1 - 1/_WINDOW: both cover the same steps (batch sizes within the bucket, the machine's load), and
-old ones fade as acceptance changes. A bucket runs its favoured arm (at first the nearest bucket's, else drafted), which
-changes when the other's rate beats it by _MARGIN. Until each arm has _MIN_SAMPLES steps the arms alternate; then a step
-probes the other arm, at most once in _PROBE_SPACING, while the rates' difference is unresolved (_Z standard errors
-wider than it and than _MARGIN): a faded arm's error grows, so it is probed again, the sooner the closer the rates. A
-drafted step after two or more steps the drafter skipped is charged for its drafting at most the mean a row of warm
-steps (the drafter catches up there on the skipped tokens, which steady drafting spreads over its steps). Not measured:
-steps that prefill or admit a request (its prompt's prefill, on the embedded engine, is in the step's seconds where the
-step itself decodes), unknown seconds, and a step whose rows that verified drafts all have unknown acceptance (others
-count at the known rows' rate); a stalled step counts _STALL times its arm's mean seconds at most. Decisions follow from
-counters and the observations alone, and cost no exactness: verification is lossless, so a plain step emits the very
-tokens a drafted one would.
+decides) and `plain` (K = 0), each with discounted sums over its measured decoding steps of tokens (rows + accepted
+drafts; in a call's drain rows x StepInfo.advance, what brings the call's end closer) and seconds: its rate, tokens /
+seconds, and that rate's standard error. Each measured step of a bucket discounts both arms by 1 - 1/_WINDOW: both cover
+the same steps (batch sizes within the bucket, the machine's load), and old ones fade as acceptance changes. A bucket
+runs its favoured arm (at first the nearest bucket's, else drafted), which changes when the other's rate beats it by
+_MARGIN. Until each arm has _MIN_SAMPLES steps the arms alternate; then a step probes the other arm, at most once in
+_PROBE_SPACING, while the rates' difference is unresolved (_Z standard errors wider than it and than _MARGIN): a faded
+arm's error grows, so it is probed again, the sooner the closer the rates. A drafted step after two or more steps the
+drafter skipped is charged for its drafting at most the mean a row of warm steps (the drafter catches up there on the
+skipped tokens, which steady drafting spreads over its steps). Not measured: steps that prefill or admit a request (its
+prompt's prefill, on the embedded engine, is in the step's seconds where the step itself decodes), unknown seconds, and
+a step whose rows that verified drafts all have unknown acceptance (others count at the known rows' rate); a stalled
+step counts _STALL times its arm's mean seconds at most. Verification is lossless, so a plain step emits the very tokens
+a drafted one would: the guard costs speed only, never exactness.
 """
 
 import math
@@ -128,6 +128,8 @@ class MeasuredGuard:
         if self._last is None or self._last[0] is not step or self._last[1] is None:
             return
         arm, num_accepted = self._last[1], _num_accepted(outcome)
+        if step.is_draining and None not in outcome.num_accepted:  # the call's end is what counts
+            num_accepted = step.num_reqs * (step.advance(outcome.num_accepted) - 1)
         if step.is_decoding and not is_admitting and outcome.seconds and num_accepted is not None:
             seconds = self._drafting_charged(step, outcome) if arm == DRAFTED else outcome.seconds
             self._buckets[step.num_reqs.bit_length()].add(arm, step.num_reqs, num_accepted, seconds)

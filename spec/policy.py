@@ -28,10 +28,23 @@ class StepInfo:
     num_uncached: list[int]  # tokens each row feeds besides drafts: 1 when decoding, more where it prefills
     max_drafts: list[int]  # the most drafts each row may get: the schedule's K, capped by the row's room
     k_max: int  # the schedule's K at this batch size
+    num_left: list[int] | None = None  # tokens each row may still emit (max_tokens, max_model_len); None: unknown
+    num_waiting: int | None = None  # requests of the call queued behind this batch; None: unknown (vLLM's workers)
 
     @property
     def num_reqs(self) -> int:
         return len(self.req_ids)
+
+    @property
+    def is_draining(self) -> bool:
+        """No request of the call waits: the call ends when its rows with the most tokens left end."""
+        return self.num_waiting == 0 and self.num_left is not None
+
+    def advance(self, num_accepted: list[int]) -> int:
+        """The tokens by which the most tokens left fell in this step, given each row's accepted drafts: 1 in a step
+        without drafts, more only where every row with the most left accepted (rows that finish count as running):
+        the call ends when the most tokens left reach 0."""
+        return max(self.num_left) - max(n - 1 - a for n, a in zip(self.num_left, num_accepted))
 
     @property
     def is_decoding(self) -> bool:

@@ -168,14 +168,49 @@ def test_the_moves_are_timed_apart_from_a_step_s_other_work(target, engine_clock
     assert batch.stats["elapsed_s"] == sum(o.seconds for o in outcomes) == engine_clock.now
 
 
-class Recording(StaticPolicy):
-    """The static policy, keeping every step's outcome."""
+def test_the_drafters_time_is_reported(target, engine_clock):
+    """A call's stats carry its proposing seconds (as vLLM's workers report theirs): on a clock that only a forward
+    (100 s) and a proposal (2 s) advance, 2 s a drafting step; a call without a drafter reports none."""
+    gen = _generator(target, _spec("custom_class", model=f"{__name__}.EchoDrafter"))
+    propose, proposals = gen.backend.speculation.proposer.propose, []
+    gen.backend.speculation.proposer.propose = lambda *args: proposals.append(engine_clock.advance(2.0)) or \
+        propose(*args)
+    forward = gen.backend.runner.forward
+    gen.backend.runner.forward = lambda *args: engine_clock.advance(100.0) or forward(*args)
+    batch = gen.generate(PROMPTS, 1, GREEDY, use_tqdm=False)
+    assert proposals and batch.stats["drafter_seconds"] == 2 * len(proposals)
+    assert batch.metrics["spec/drafter_time_fraction"] == batch.stats["drafter_seconds"] / batch.stats["elapsed_s"]
+    assert "drafter_seconds" not in _generator(target).generate(PROMPTS, 1, GREEDY, use_tqdm=False).stats
 
-    def __init__(self, outcomes: list):
-        self.outcomes = outcomes
+
+class Recording(StaticPolicy):
+    """The static policy, keeping every step's outcome (and, given `steps`, every step)."""
+
+    def __init__(self, outcomes: list, steps: list | None = None):
+        self.outcomes, self.steps = outcomes, steps
 
     def observe(self, step, outcome):
         self.outcomes.append(outcome)
+        if self.steps is not None:
+            self.steps.append(step)
+
+
+def test_the_policy_sees_each_rows_tokens_left_and_the_requests_waiting(target):
+    """7 prompts x 2 on 5 slots: requests wait until 9 have finished, then the call drains; each row's tokens left are
+    max_tokens, or what max_model_len leaves, less its output so far."""
+    gen = _generator(target, _spec("ngram", prompt_lookup_min=1), max_num_seqs=5)
+    steps = []
+    gen.backend.speculation.policy = Recording([], steps)
+    batch = gen.generate(PROMPTS, 2, GREEDY, use_tqdm=False)
+    waiting = [step.num_waiting for step in steps]
+    assert waiting[0] == 2 * len(PROMPTS) - 5 and waiting == sorted(waiting, reverse=True) and waiting[-1] == 0
+    assert [step.is_draining for step in steps] == [n == 0 for n in waiting]
+    emitted = {}  # req_id -> tokens emitted before the step
+    for step, outcome in zip(steps, gen.backend.speculation.policy.outcomes):
+        for req_id, left, accepted in zip(step.req_ids, step.num_left, outcome.num_accepted):
+            assert left == GREEDY.max_tokens - emitted.get(req_id, 0)
+            emitted[req_id] = emitted.get(req_id, 0) + 1 + accepted
+    assert sorted(emitted.values()) >= sorted(len(s.completion_ids) for s in batch.samples)
 
 
 def test_the_start_up_heap_is_frozen_out_of_the_garbage_collectors_scans(target):

@@ -174,6 +174,9 @@ class EmbeddedBackend:
                  "num_drafter_faults": engine.num_drafter_faults, **history}
         metrics = {"spec/num_drafter_faults": float(engine.num_drafter_faults),
                    **{f"spec/{name}": float(value) for name, value in policy.items()}, **history_metrics}
+        if engine.proposer is not None:  # proposing, as vLLM's workers report it (vllm_backend/common.py)
+            stats["drafter_seconds"] = engine.host.seconds
+            metrics["spec/drafter_time_fraction"] = engine.host.seconds / max(elapsed, 1e-9)
         return build_batch(samples, engine.stats, num_row_steps=len(engine.stats.total.k_per_step),
                            num_steps=engine.num_steps, elapsed=elapsed, stats=stats, metrics=metrics)
 

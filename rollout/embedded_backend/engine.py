@@ -123,7 +123,9 @@ class Engine:
         _, condense_seconds = self._timed(self._condense, plan.requests)
         requests = sorted(plan.requests, key=lambda r: r.slot)
         info = StepInfo([r.req_id for r in requests], [r.num_tokens - self.runner.seq_len(r.slot) for r in requests],
-                        [min(plan.k_max, r.room_for_drafts(self.max_model_len)) for r in requests], plan.k_max)
+                        [min(plan.k_max, r.room_for_drafts(self.max_model_len)) for r in requests], plan.k_max,
+                        [r.max_completion_len(self.max_model_len) - len(r.output_ids) for r in requests],
+                        len(self.scheduler.waiting))
         return requests, info, prefill_seconds, condense_seconds
 
     def _prefill(self, plan: StepPlan) -> None:
