@@ -127,9 +127,11 @@ class MeasuredGuard:
         self._running = set(step.req_ids)
         if self._last is None or self._last[0] is not step or self._last[1] is None:
             return
-        arm, num_accepted = self._last[1], _num_accepted(outcome)
+        arm = self._last[1]
         if step.is_draining and None not in outcome.num_accepted:  # the call's end is what counts
             num_accepted = step.num_reqs * (step.advance(outcome.num_accepted) - 1)
+        else:
+            num_accepted = _num_accepted(outcome)
         if step.is_decoding and not is_admitting and outcome.seconds and num_accepted is not None:
             seconds = self._drafting_charged(step, outcome) if arm == DRAFTED else outcome.seconds
             self._buckets[step.num_reqs.bit_length()].add(arm, step.num_reqs, num_accepted, seconds)
